@@ -1,0 +1,183 @@
+//! The credit word: one `AtomicU64` per (key, window slot, window parity).
+//!
+//! ```text
+//!  63            41   40        39                         0
+//! +----------------+-----------+----------------------------+
+//! | window tag (23)| exhausted | remaining credit (40 bits) |
+//! +----------------+-----------+----------------------------+
+//! ```
+//!
+//! Tag, flag and credit live in one word so a compare-and-swap decrements credit *of a
+//! named window* atomically: a request can never spend the previous window's leftovers,
+//! and the reconciler can close a window and learn its exact remainder in one swap.
+//! Each window slot has two words indexed by window-number parity, so the next window can
+//! be filled (pre-granted) while the current one is still being spent.
+//!
+//! Writers: request tasks only ever decrement (or refund their own decrement); the single
+//! reconciler adds, installs and drains. All updates are CAS loops on the whole word.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const TAG_SHIFT: u32 = 41;
+const EXHAUSTED_BIT: u64 = 1 << 40;
+pub const CREDIT_MAX: u64 = (1 << 40) - 1;
+/// Tags are window numbers modulo this; the all-ones tag is reserved for "empty".
+const TAG_MODULUS: u64 = (1 << 23) - 1;
+pub const TAG_EMPTY: u64 = TAG_MODULUS;
+pub const EMPTY_WORD: u64 = TAG_EMPTY << TAG_SHIFT;
+
+/// Tag of a window number. Adjacent windows never share a tag, which is all the parity
+/// double buffer needs (a word is only ever compared with the window a caller names).
+#[inline]
+pub fn tag_of(number: u64) -> u64 {
+    number % TAG_MODULUS
+}
+
+#[inline]
+pub fn parity(number: u64) -> usize {
+    (number & 1) as usize
+}
+
+#[inline]
+pub fn word_tag(word: u64) -> u64 {
+    word >> TAG_SHIFT
+}
+
+#[inline]
+pub fn word_credit(word: u64) -> u64 {
+    word & CREDIT_MAX
+}
+
+#[inline]
+pub fn word_exhausted(word: u64) -> bool {
+    word & EXHAUSTED_BIT != 0
+}
+
+#[inline]
+pub fn pack(tag: u64, exhausted: bool, credit: u64) -> u64 {
+    debug_assert!(tag <= TAG_EMPTY);
+    assert!(credit <= CREDIT_MAX, "credit {credit} exceeds the 40-bit word");
+    (tag << TAG_SHIFT) | if exhausted { EXHAUSTED_BIT } else { 0 } | credit
+}
+
+/// Request path: take one unit of `tag`'s credit. Returns the word seen on failure.
+#[inline]
+pub fn try_charge(word: &AtomicU64, tag: u64) -> Result<(), u64> {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if word_tag(cur) != tag || word_credit(cur) == 0 {
+            return Err(cur);
+        }
+        match word.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Ok(()),
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// Request path: give back a unit taken by `try_charge` when another window denied (D4:
+/// one unit in every window or in none). If the window was closed meanwhile the unit stays
+/// counted as spent, which can only under-admit.
+#[inline]
+pub fn refund(word: &AtomicU64, tag: u64) {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if word_tag(cur) != tag || word_credit(cur) == CREDIT_MAX {
+            return;
+        }
+        match word.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// Reconciler: add granted credit to `tag`'s word and set its exhausted flag.
+/// Returns false (and changes nothing) if the word holds another window.
+pub fn add_credit(word: &AtomicU64, tag: u64, delta: u64, exhausted: bool) -> bool {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if word_tag(cur) != tag {
+            return false;
+        }
+        let next = pack(tag, exhausted, word_credit(cur) + delta);
+        match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// Reconciler: make the word hold `tag` with `credit`. Returns the previous word so the
+/// caller can close out whichever window it held.
+pub fn install(word: &AtomicU64, tag: u64, credit: u64, exhausted: bool) -> u64 {
+    word.swap(pack(tag, exhausted, credit), Ordering::AcqRel)
+}
+
+/// Reconciler: take all remaining credit of `tag` (closing a window, or returning an idle
+/// node's credit to the pool). Returns what was taken, or None if the word holds another
+/// window.
+pub fn drain(word: &AtomicU64, tag: u64) -> Option<u64> {
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if word_tag(cur) != tag {
+            return None;
+        }
+        let next = pack(tag, word_exhausted(cur), 0);
+        match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(word_credit(cur)),
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn pack_roundtrip_and_tags() {
+        let w = pack(tag_of(12345), true, 77);
+        assert_eq!(word_tag(w), tag_of(12345));
+        assert!(word_exhausted(w));
+        assert_eq!(word_credit(w), 77);
+        assert_ne!(tag_of(TAG_MODULUS - 1), TAG_EMPTY);
+        assert_ne!(tag_of(TAG_MODULUS), TAG_EMPTY);
+        assert_ne!(tag_of(7), tag_of(8));
+    }
+
+    #[test]
+    fn charge_only_the_named_window() {
+        let word = AtomicU64::new(pack(tag_of(10), false, 2));
+        assert!(try_charge(&word, tag_of(11)).is_err());
+        assert!(try_charge(&word, tag_of(10)).is_ok());
+        assert!(try_charge(&word, tag_of(10)).is_ok());
+        assert!(try_charge(&word, tag_of(10)).is_err());
+        refund(&word, tag_of(10));
+        assert_eq!(word_credit(word.load(Ordering::Relaxed)), 1);
+        assert!(!add_credit(&word, tag_of(11), 5, false));
+        assert!(add_credit(&word, tag_of(10), 5, true));
+        assert_eq!(drain(&word, tag_of(10)), Some(6));
+        assert!(word_exhausted(word.load(Ordering::Relaxed)));
+        assert_eq!(drain(&word, tag_of(9)), None);
+        let prev = install(&word, tag_of(12), 3, false);
+        assert_eq!(word_tag(prev), tag_of(10));
+    }
+
+    /// Concurrent charges never take more than the credit present, and the reconciler's
+    /// drain sees exactly what is left.
+    #[test]
+    fn concurrent_charges_never_overspend() {
+        let word = Arc::new(AtomicU64::new(pack(tag_of(1), false, 10_000)));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                std::thread::spawn(move || (0..5_000).filter(|_| try_charge(&word, tag_of(1)).is_ok()).count())
+            })
+            .collect();
+        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(admitted, 10_000);
+        assert_eq!(drain(&word, tag_of(1)), Some(0));
+    }
+}

@@ -1,0 +1,857 @@
+//! The node limiter's reconciliation state machine (sans-IO, like quinn-proto's
+//! `Connection`): it is handed time and messages through `handle_*` and hands back
+//! messages through `poll_transmit`. It never reads a clock, sleeps, spawns, awaits or
+//! touches a socket; the NATS runtime and the simulator drive this same code.
+//!
+//! It is the single writer of everything on the surface except request-path decrements:
+//! it turns attempt counters into demand, installs and closes window credit, applies
+//! grants (C6), self-grants when the owner is gone (F4), and writes the round's reports
+//! (C1).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+
+use bus_schemas::limits::{PLAN_WINDOWS_MAX, REPORT_ENTRIES_MAX};
+use bus_schemas::{
+    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyId, KeyWindow, NodeEpoch, NodeId, Now,
+    OwnerEpoch, ReportBatch, ReportEntry, ShardId, WindowId,
+};
+
+use crate::credit;
+use crate::surface::{DecisionSurface, FastPathNeed, KeyBucket};
+use crate::window::{next_window, window_at, window_end_ms};
+
+/// Deterministic hashing, so the simulator's output depends only on its seed.
+type DetMap<K, V> = HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
+
+/// O1: the two credit strategies, chosen by configuration (A55's decision gate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Demand-driven leasing from the fold owner (ADR-1).
+    Leasing,
+    /// A-fixed: each node takes a fixed 1/fleet share (less the reserve) at every window
+    /// start; the owner only releases the reserve, through the fast path.
+    Fixed,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node: NodeId,
+    pub fleet_size: u32,
+    pub shards: u32,
+    pub round_ms: u32,
+    pub mode: Mode,
+    /// C5: the reserve, in thousandths of the window allowance.
+    pub reserve_permille: u64,
+    /// F2: rounds without owner contact after which the fast path stops.
+    pub missed_rounds_limit: u32,
+    /// F5: owner silence after which enforcement is degraded.
+    pub degraded_after_ms: u64,
+    /// C4: rounds without a request after which held credit goes back to the pool.
+    pub idle_return_rounds: u32,
+    /// Rounds before a boundary at which the next window is reported, so its owner can
+    /// grant before the first request of that window arrives.
+    pub prefetch_rounds: u32,
+    /// An unchanged line is re-reported at least this often (reports are lossy).
+    pub refresh_rounds: u32,
+    /// Final reports sent for a closed window before its record is reaped.
+    pub closed_reports: u32,
+    /// D7 keeps the surface under its cap; this caps the reconciler's own records.
+    pub records_cap: usize,
+    /// Fast-path requests outstanding at once; more are not sent.
+    pub pending_fast_path_cap: usize,
+}
+
+impl NodeConfig {
+    pub fn reference(node: NodeId) -> Self {
+        Self {
+            node,
+            fleet_size: 20,
+            shards: 20,
+            round_ms: 25,
+            mode: Mode::Leasing,
+            reserve_permille: 20,
+            missed_rounds_limit: 2,
+            degraded_after_ms: 30_000,
+            idle_return_rounds: 2,
+            prefetch_rounds: 2,
+            refresh_rounds: 8,
+            closed_reports: 2,
+            records_cap: 400_000,
+            pending_fast_path_cap: 4_096,
+        }
+    }
+
+    /// F4: what a node may give itself at a boundary with no fold contact.
+    pub fn self_grant(&self, allowance: u64) -> u64 {
+        allowance / u64::from(self.fleet_size)
+    }
+
+    /// A-fixed: a node's share, the reserve held back.
+    pub fn fixed_share(&self, allowance: u64) -> u64 {
+        allowance * (1_000 - self.reserve_permille) / 1_000 / u64::from(self.fleet_size)
+    }
+}
+
+/// What the node sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transmit {
+    Report(ReportBatch),
+    FastPath(FastPathRequest),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NodeInvariantError {
+    #[error("{kw:?}: spend went backwards from {before} to {after}")]
+    SpendWentBackwards { kw: KeyWindow, before: u64, after: u64 },
+    #[error("{kw:?}: spend {spend} + held {held} + returned {returned} exceeds credit received {received}")]
+    CreditOverspent { kw: KeyWindow, spend: u64, held: u64, returned: u64, received: u64 },
+    #[error("{kw:?}: applied grant {applied} exceeds allowance {allowance}")]
+    GrantAboveAllowance { kw: KeyWindow, applied: u64, allowance: u64 },
+    #[error("{kw:?}: record says installed but the word holds another window")]
+    WordMismatch { kw: KeyWindow },
+}
+
+/// Counters for metrics (F6) and for tests to see what was refused and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    pub rounds: u64,
+    pub reports_sent: u64,
+    pub report_entries_sent: u64,
+    pub grants_applied: u64,
+    pub grants_duplicate: u64,
+    pub grant_batches_stale_owner: u64,
+    pub grants_other_epoch: u64,
+    pub grants_orphaned: u64,
+    pub grants_invalid: u64,
+    pub batches_misrouted: u64,
+    pub fast_path_sent: u64,
+    pub fast_path_unreachable: u64,
+    pub fast_path_granted: u64,
+    pub credit_returned: u64,
+    pub self_grants: u64,
+    pub evictions: u64,
+    pub records_refused: u64,
+}
+
+/// Where a record's credit is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// Not in a credit word (not installed yet, or its bucket was evicted): `credit` units.
+    Off { credit: u64 },
+    /// In the surface's word for this window; the word holds the remainder.
+    Live,
+    /// The window is over; what was spent is final.
+    Closed { spend: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+struct Reported {
+    spend: u64,
+    held: u64,
+    demand: u64,
+    applied: u64,
+    returned: u64,
+    self_granted: u64,
+}
+
+/// The reconciler's book for one key-window of this node epoch.
+#[derive(Clone, Debug)]
+struct WindowRecord {
+    slot: u8,
+    allowance: u64,
+    applied_grant: u64,
+    self_granted: u64,
+    returned: u64,
+    owner_epoch: OwnerEpoch,
+    grant_seq: u64,
+    exhausted: bool,
+    place: Place,
+    last_reported: Option<Reported>,
+    rounds_since_report: u32,
+    closed_reports_sent: u32,
+    /// Spend as of the last invariant check, to prove it never goes backwards.
+    spend_floor: u64,
+}
+
+impl WindowRecord {
+    fn received(&self) -> u64 {
+        self.applied_grant + self.self_granted
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct KeyTrack {
+    last_attempts: u64,
+    /// Smoothed requests per round, in thousandths.
+    demand_milli: u64,
+    last_round_milli: u64,
+    idle_rounds: u32,
+    /// Which window number each credit word holds (slot, parity).
+    installed: [[Option<u64>; 2]; PLAN_WINDOWS_MAX],
+}
+
+impl KeyTrack {
+    fn demand(&self) -> u64 {
+        self.demand_milli.max(self.last_round_milli)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ShardLink {
+    owner_epoch_seen: OwnerEpoch,
+    last_contact_mono_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PendingFastPath {
+    kw: KeyWindow,
+    sent_mono_ms: u64,
+}
+
+/// One node epoch's reconciler.
+pub struct NodeLimiter {
+    config: NodeConfig,
+    surface: Arc<DecisionSurface>,
+    epoch: NodeEpoch,
+    round: u64,
+    keys: DetMap<KeyId, KeyTrack>,
+    records: DetMap<KeyWindow, WindowRecord>,
+    links: Vec<ShardLink>,
+    pending: DetMap<u64, PendingFastPath>,
+    next_request_id: u64,
+    outbox: VecDeque<Transmit>,
+    stats: NodeStats,
+}
+
+/// How a shard's owner looks from this node (F2-F5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkHealth {
+    Healthy,
+    /// F2: fast path off, no rebalancing expected; F4: self-grant at boundaries.
+    Silent,
+    /// F5: silent for longer than `degraded_after_ms`.
+    Degraded,
+}
+
+impl NodeLimiter {
+    /// A node starts a new epoch with zero credit (C9); `epoch` must exceed every epoch
+    /// this node id used before (the runtime takes it from a durable counter).
+    pub fn new(config: NodeConfig, surface: Arc<DecisionSurface>, epoch: NodeEpoch, now: Now) -> Self {
+        assert!(config.fleet_size > 0 && config.shards > 0 && config.round_ms > 0);
+        assert!(config.reserve_permille < 1_000);
+        assert!(epoch > NodeEpoch(0), "epoch 0 means none");
+        let links = (0..config.shards)
+            .map(|_| ShardLink { owner_epoch_seen: OwnerEpoch(0), last_contact_mono_ms: now.mono_ms })
+            .collect();
+        surface.publish_round(0, now.wall_ms, now.wall_ms + u64::from(config.round_ms));
+        let limiter = Self {
+            config,
+            surface,
+            epoch,
+            round: 0,
+            keys: DetMap::default(),
+            records: DetMap::default(),
+            links,
+            pending: DetMap::default(),
+            next_request_id: 1,
+            outbox: VecDeque::new(),
+            stats: NodeStats::default(),
+        };
+        limiter.publish_health(now);
+        limiter
+    }
+
+    pub fn epoch(&self) -> NodeEpoch {
+        self.epoch
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.config.node
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &NodeStats {
+        &self.stats
+    }
+
+    pub fn surface(&self) -> &Arc<DecisionSurface> {
+        &self.surface
+    }
+
+    pub fn link_health(&self, shard: ShardId, now: Now) -> LinkHealth {
+        let silent_ms = now.mono_ms.saturating_sub(self.links[shard.0 as usize].last_contact_mono_ms);
+        if silent_ms >= self.config.degraded_after_ms {
+            LinkHealth::Degraded
+        } else if silent_ms >= u64::from(self.config.missed_rounds_limit) * u64::from(self.config.round_ms) {
+            LinkHealth::Silent
+        } else {
+            LinkHealth::Healthy
+        }
+    }
+
+    fn publish_health(&self, now: Now) {
+        let mut any_healthy = false;
+        let mut any_degraded = false;
+        for s in 0..self.config.shards {
+            match self.link_health(ShardId(s), now) {
+                LinkHealth::Healthy => any_healthy = true,
+                LinkHealth::Degraded => any_degraded = true,
+                LinkHealth::Silent => {}
+            }
+        }
+        self.surface.set_fast_path(any_healthy);
+        self.surface.set_degraded(any_degraded);
+    }
+
+    /// One reconciliation round (T = `round_ms`, C1).
+    pub fn handle_tick(&mut self, now: Now) {
+        self.round += 1;
+        self.stats.rounds += 1;
+        self.surface.publish_round(self.round, now.wall_ms, now.wall_ms + u64::from(self.config.round_ms));
+        self.publish_health(now);
+        self.close_ended_windows(now);
+        self.scan_surface(now);
+        self.write_reports(now);
+        self.evict_if_over_cap();
+        let expiry_ms = 4 * u64::from(self.config.round_ms);
+        self.pending.retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
+    }
+
+    /// Close every window that has ended, fixing its spend; reap closed records once their
+    /// final reports are out (the node-side mirror of C7).
+    fn close_ended_windows(&mut self, now: Now) {
+        let closed_reports = self.config.closed_reports;
+        let surface = Arc::clone(&self.surface);
+        let mut reap = Vec::new();
+        for (kw, rec) in self.records.iter_mut() {
+            if window_end_ms(kw.key, kw.window) > now.wall_ms {
+                continue;
+            }
+            match rec.place {
+                Place::Closed { .. } => {
+                    if rec.closed_reports_sent >= closed_reports {
+                        reap.push(*kw);
+                    }
+                }
+                Place::Off { credit } => {
+                    rec.place = Place::Closed { spend: rec.received() - rec.returned - credit };
+                }
+                Place::Live => {
+                    let taken = surface
+                        .get(&kw.key)
+                        .and_then(|b| credit::drain(b.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number)))
+                        .expect("a live record's word holds its window (checked by check_invariants)");
+                    rec.place = Place::Closed { spend: rec.received() - rec.returned - taken };
+                    if let Some(track) = self.keys.get_mut(&kw.key) {
+                        let p = credit::parity(kw.window.number);
+                        if track.installed[usize::from(rec.slot)][p] == Some(kw.window.number) {
+                            track.installed[usize::from(rec.slot)][p] = None;
+                        }
+                    }
+                }
+            }
+        }
+        for kw in reap {
+            self.records.remove(&kw);
+        }
+    }
+
+    fn scan_surface(&mut self, now: Now) {
+        let surface = Arc::clone(&self.surface);
+        let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
+        surface.for_each(|key, bucket| {
+            let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
+            let track = self.keys.entry(key).or_default();
+            let delta = attempts.saturating_sub(track.last_attempts);
+            track.last_attempts = attempts;
+            // Peak-biased smoothing: rises within one round, decays over about eight, so a
+            // burst is seen at once and a pause does not strand the next window's grant.
+            let sample = delta.saturating_mul(1_000);
+            track.last_round_milli = sample;
+            track.demand_milli = if sample >= track.demand_milli {
+                track.demand_milli + (sample - track.demand_milli) / 8
+            } else {
+                track.demand_milli - (track.demand_milli - sample) / 8
+            };
+            track.idle_rounds = if delta == 0 { track.idle_rounds.saturating_add(1) } else { 0 };
+            let active = delta > 0 || track.demand_milli > 0;
+            let idle = track.idle_rounds >= self.config.idle_return_rounds;
+            for (slot, spec) in bucket.policy().windows().iter().enumerate() {
+                let current = window_at(key, spec.length_ms, now.wall_ms);
+                let kw = KeyWindow { key, window: current };
+                if active || self.records.contains_key(&kw) {
+                    self.ensure_record(now, kw, slot, spec.limit);
+                    self.install(key, bucket, kw);
+                    if idle && self.config.mode == Mode::Leasing {
+                        self.return_idle_credit(now, bucket, kw);
+                    }
+                }
+                let next = KeyWindow { key, window: next_window(current) };
+                let near_end = window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
+                if (near_end && active) || self.records.contains_key(&next) {
+                    self.ensure_record(now, next, slot, spec.limit);
+                    self.install(key, bucket, next);
+                }
+            }
+        });
+    }
+
+    /// Create the record for a key-window this node is about to use; in fixed mode or
+    /// with the owner silent at a boundary, the node gives itself its share here.
+    fn ensure_record(&mut self, now: Now, kw: KeyWindow, slot: usize, allowance: u64) -> bool {
+        if self.records.contains_key(&kw) {
+            return true;
+        }
+        let shard = kw.shard(self.config.shards);
+        let self_granted = match self.config.mode {
+            Mode::Fixed => self.config.fixed_share(allowance),
+            Mode::Leasing if self.link_health(shard, now) != LinkHealth::Healthy => {
+                // F4: exactly 1/fleet, flagged in every report of this window.
+                self.stats.self_grants += 1;
+                self.config.self_grant(allowance)
+            }
+            Mode::Leasing => 0,
+        };
+        self.insert_record(kw, slot, allowance, self_granted)
+    }
+
+    fn insert_record(&mut self, kw: KeyWindow, slot: usize, allowance: u64, self_granted: u64) -> bool {
+        if self.records.len() >= self.config.records_cap {
+            self.stats.records_refused += 1;
+            return false;
+        }
+        self.records.insert(
+            kw,
+            WindowRecord {
+                slot: slot as u8,
+                allowance,
+                applied_grant: 0,
+                self_granted,
+                returned: 0,
+                owner_epoch: OwnerEpoch(0),
+                grant_seq: 0,
+                exhausted: false,
+                place: Place::Off { credit: self_granted },
+                last_reported: None,
+                rounds_since_report: 0,
+                closed_reports_sent: 0,
+                spend_floor: 0,
+            },
+        );
+        true
+    }
+
+    /// Move a record's credit into its credit word, closing whatever older window the word
+    /// still held (that window ended at least one window ago: parity alternates).
+    fn install(&mut self, key: KeyId, bucket: &KeyBucket, kw: KeyWindow) {
+        let Some(rec) = self.records.get(&kw) else { return };
+        let Place::Off { credit: off_credit } = rec.place else { return };
+        let slot = usize::from(rec.slot);
+        let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
+        let track = self.keys.entry(key).or_default();
+        if let Some(older) = track.installed[slot][p].filter(|n| *n != kw.window.number) {
+            let older_kw = KeyWindow { key, window: WindowId { length_ms: kw.window.length_ms, number: older } };
+            let taken = credit::drain(bucket.word(slot, older_kw.window), credit::tag_of(older)).unwrap_or(0);
+            if let Some(old) = self.records.get_mut(&older_kw)
+                && old.place == Place::Live
+            {
+                old.place = Place::Closed { spend: old.received() - old.returned - taken };
+            }
+        }
+        track.installed[slot][p] = Some(kw.window.number);
+        credit::install(bucket.word(slot, kw.window), credit::tag_of(kw.window.number), off_credit, exhausted);
+        if let Some(rec) = self.records.get_mut(&kw) {
+            rec.place = Place::Live;
+        }
+    }
+
+    /// C4: an idle node hands its unspent credit back so the owner can give it to a node
+    /// that is using it. Only while the owner is there to re-grant it.
+    fn return_idle_credit(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow) {
+        if self.link_health(kw.shard(self.config.shards), now) != LinkHealth::Healthy {
+            return;
+        }
+        let Some(rec) = self.records.get_mut(&kw) else { return };
+        if rec.place != Place::Live {
+            return;
+        }
+        let taken =
+            credit::drain(bucket.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number)).unwrap_or(0);
+        rec.returned += taken;
+        self.stats.credit_returned += taken;
+    }
+
+    /// The record's current numbers, as a report line.
+    fn line(&self, kw: &KeyWindow, rec: &WindowRecord) -> ReportEntry {
+        let (held, spend) = match rec.place {
+            // Saturating: a broken book must reach check_invariants, not panic here.
+            Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
+            Place::Live => {
+                let held = self.surface.get(&kw.key).map(|b| b.credit_in(usize::from(rec.slot), kw.window)).unwrap_or(0);
+                (held, rec.received().saturating_sub(rec.returned + held))
+            }
+            Place::Closed { spend } => (0, spend),
+        };
+        let demand = match rec.place {
+            Place::Closed { .. } => 0,
+            _ => self.keys.get(&kw.key).map(KeyTrack::demand).unwrap_or(0),
+        };
+        ReportEntry {
+            key_window: *kw,
+            allowance: rec.allowance,
+            cumulative_spend: spend,
+            demand,
+            held_credit: held,
+            applied_grant: rec.applied_grant,
+            returned: rec.returned,
+            self_granted: rec.self_granted,
+        }
+    }
+
+    fn write_reports(&mut self, now: Now) {
+        let shards = self.config.shards as usize;
+        let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
+        let mut sent = Vec::new();
+        for (kw, rec) in &self.records {
+            let line = self.line(kw, rec);
+            let reported = Reported {
+                spend: line.cumulative_spend,
+                held: line.held_credit,
+                demand: line.demand,
+                applied: line.applied_grant,
+                returned: line.returned,
+                self_granted: line.self_granted,
+            };
+            let closed = matches!(rec.place, Place::Closed { .. });
+            let due = if closed {
+                rec.closed_reports_sent < self.config.closed_reports
+            } else {
+                rec.last_reported != Some(reported) || rec.rounds_since_report + 1 >= self.config.refresh_rounds
+            };
+            if due {
+                per_shard[kw.shard(self.config.shards).0 as usize].push(line);
+                sent.push((*kw, reported));
+            }
+        }
+        for rec in self.records.values_mut() {
+            rec.rounds_since_report += 1;
+        }
+        for (kw, reported) in sent {
+            if let Some(rec) = self.records.get_mut(&kw) {
+                rec.last_reported = Some(reported);
+                rec.rounds_since_report = 0;
+                if matches!(rec.place, Place::Closed { .. }) {
+                    rec.closed_reports_sent += 1;
+                }
+            }
+        }
+        // One batch per shard every round, empty or not: it is also the heartbeat the
+        // owner uses to see this node (C8) and the acknowledgement of its epoch.
+        for (shard, mut entries) in per_shard.into_iter().enumerate() {
+            entries.sort_unstable_by_key(|e| e.key_window);
+            let mut chunks = entries.chunks(REPORT_ENTRIES_MAX).peekable();
+            if chunks.peek().is_none() {
+                self.push_report(now, shard, Vec::new());
+            }
+            for chunk in chunks {
+                self.push_report(now, shard, chunk.to_vec());
+            }
+        }
+    }
+
+    fn push_report(&mut self, now: Now, shard: usize, entries: Vec<ReportEntry>) {
+        self.stats.reports_sent += 1;
+        self.stats.report_entries_sent += entries.len() as u64;
+        self.outbox.push_back(Transmit::Report(ReportBatch {
+            node: self.config.node,
+            node_epoch: self.epoch,
+            seq: self.round,
+            shard: ShardId(shard as u32),
+            sent_at_ms: now.wall_ms,
+            owner_epoch_seen: self.links[shard].owner_epoch_seen,
+            entries,
+        }));
+    }
+
+    /// D7: when the surface nears its cap, evict the least recently seen buckets that hold
+    /// no credit in any word. Their records stay, so spend is never forgotten mid-window.
+    fn evict_if_over_cap(&mut self) {
+        let cap = self.surface.config().bucket_cap;
+        let high = cap - cap / 10;
+        if self.surface.len() <= high {
+            return;
+        }
+        let target = cap - cap / 5;
+        let mut candidates = Vec::new();
+        self.surface.for_each(|key, bucket| {
+            let empty = bucket.slots.iter().flatten().all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
+            if empty {
+                candidates.push((bucket.last_seen_round.load(std::sync::atomic::Ordering::Relaxed), key));
+            }
+        });
+        candidates.sort_unstable();
+        let excess = self.surface.len().saturating_sub(target);
+        let mut evicted = std::collections::HashSet::new();
+        for (_, key) in candidates.into_iter().take(excess) {
+            let gone = self.surface.evict_if(&key, |b| {
+                b.slots.iter().flatten().all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0)
+            });
+            if gone {
+                self.stats.evictions += 1;
+                self.keys.remove(&key);
+                evicted.insert(key);
+            }
+        }
+        if evicted.is_empty() {
+            return;
+        }
+        // The words went with the bucket and held nothing; the records keep the spend,
+        // and credit granted later waits off-word until the key is seen again.
+        for (kw, rec) in self.records.iter_mut() {
+            if rec.place == Place::Live && evicted.contains(&kw.key) {
+                rec.place = Place::Off { credit: 0 };
+            }
+        }
+    }
+
+    /// D5: the request path found no credit and took this round's fast path for `need`.
+    /// Returns how many requests went out (one per short window, each to its own owner);
+    /// 0 means the caller should decide at once, as no owner is reachable (F2).
+    pub fn handle_fast_path_need(&mut self, now: Now, need: FastPathNeed) -> usize {
+        let Some(bucket) = self.surface.get(&need.key) else { return 0 };
+        let windows: Vec<(usize, u32, u64)> =
+            bucket.policy().windows().iter().enumerate().map(|(i, w)| (i, w.length_ms, w.limit)).collect();
+        drop(bucket);
+        let mut sent = 0;
+        for (slot, length_ms, limit) in windows {
+            if need.short_windows & (1 << slot) == 0 {
+                continue;
+            }
+            let kw = KeyWindow { key: need.key, window: window_at(need.key, length_ms, now.wall_ms) };
+            let shard = kw.shard(self.config.shards);
+            if self.link_health(shard, now) != LinkHealth::Healthy || self.pending.len() >= self.config.pending_fast_path_cap {
+                self.stats.fast_path_unreachable += 1;
+                continue;
+            }
+            if !self.ensure_record(now, kw, slot, limit) {
+                continue;
+            }
+            let surface = Arc::clone(&self.surface);
+            if let Some(bucket) = surface.get(&need.key) {
+                self.install(need.key, &bucket, kw);
+            }
+            let rec = &self.records[&kw];
+            let entry = self.line(&kw, rec);
+            let request_id = self.next_request_id;
+            self.next_request_id += 1;
+            self.pending.insert(request_id, PendingFastPath { kw, sent_mono_ms: now.mono_ms });
+            self.outbox.push_back(Transmit::FastPath(FastPathRequest {
+                node: self.config.node,
+                node_epoch: self.epoch,
+                shard,
+                request_id,
+                owner_epoch_seen: self.links[shard.0 as usize].owner_epoch_seen,
+                entry,
+            }));
+            self.stats.fast_path_sent += 1;
+            sent += 1;
+        }
+        sent
+    }
+
+    pub fn handle_fast_path_reply(&mut self, now: Now, reply: &FastPathReply) {
+        let pending = self.pending.remove(&reply.request_id);
+        if reply.shard.0 >= self.config.shards || !self.accept_owner_epoch(now, reply.shard, reply.owner_epoch) {
+            return;
+        }
+        match reply.outcome {
+            FastPathOutcome::Granted(entry) => {
+                if entry.key_window.shard(self.config.shards) != reply.shard {
+                    self.stats.grants_invalid += 1;
+                } else if self.apply_grant(reply.owner_epoch, &entry) {
+                    self.stats.fast_path_granted += 1;
+                }
+            }
+            FastPathOutcome::Refused { exhausted: true } => {
+                // The owner has nothing left for the window: later 429s wait for its
+                // boundary rather than for the next round (D6).
+                if let Some(p) = pending {
+                    self.mark_exhausted(p.kw);
+                }
+            }
+            FastPathOutcome::Refused { exhausted: false } | FastPathOutcome::Withheld => {}
+        }
+    }
+
+    fn mark_exhausted(&mut self, kw: KeyWindow) {
+        let Some(rec) = self.records.get_mut(&kw) else { return };
+        rec.exhausted = true;
+        if rec.place == Place::Live
+            && let Some(bucket) = self.surface.get(&kw.key)
+        {
+            credit::add_credit(bucket.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number), 0, true);
+        }
+    }
+
+    /// C2: grants and replies from an older owner epoch than one already seen for the
+    /// shard are refused whole.
+    fn accept_owner_epoch(&mut self, now: Now, shard: ShardId, epoch: OwnerEpoch) -> bool {
+        let link = &mut self.links[shard.0 as usize];
+        if epoch < link.owner_epoch_seen {
+            self.stats.grant_batches_stale_owner += 1;
+            return false;
+        }
+        link.owner_epoch_seen = epoch;
+        link.last_contact_mono_ms = now.mono_ms;
+        true
+    }
+
+    /// C6: apply a grant batch. Each entry is a whole-bucket total, applied as
+    /// `max(applied, total)` in (owner epoch, grant_seq) order, so a duplicate or a
+    /// reordered older grant changes nothing.
+    pub fn handle_grant_batch(&mut self, now: Now, batch: &GrantBatch) {
+        if batch.node != self.config.node || batch.shard.0 >= self.config.shards {
+            self.stats.batches_misrouted += 1;
+            return;
+        }
+        if !self.accept_owner_epoch(now, batch.shard, batch.owner_epoch) {
+            return;
+        }
+        for entry in &batch.entries {
+            if entry.key_window.shard(self.config.shards) != batch.shard {
+                self.stats.grants_invalid += 1;
+                continue;
+            }
+            self.apply_grant(batch.owner_epoch, entry);
+        }
+        self.publish_health(now);
+    }
+
+    fn apply_grant(&mut self, owner_epoch: OwnerEpoch, entry: &GrantEntry) -> bool {
+        if entry.node_epoch != self.epoch {
+            // For an earlier incarnation of this node: that credit is orphaned (C9).
+            self.stats.grants_other_epoch += 1;
+            return false;
+        }
+        let kw = entry.key_window;
+        if !self.records.contains_key(&kw) {
+            // A grant can arrive before a tick saw the key (the fast path on a new key, or a
+            // pre-grant for the next window); it needs the key's bucket to know the slot.
+            let slot = self.surface.get(&kw.key).and_then(|b| {
+                let windows = b.policy().windows();
+                windows.iter().position(|w| w.length_ms == kw.window.length_ms).map(|i| (i, windows[i].limit))
+            });
+            let Some((slot, allowance)) = slot else {
+                self.stats.grants_orphaned += 1;
+                return false;
+            };
+            let self_granted = if self.config.mode == Mode::Fixed { self.config.fixed_share(allowance) } else { 0 };
+            if !self.insert_record(kw, slot, allowance, self_granted) {
+                return false;
+            }
+        }
+        let rec = self.records.get_mut(&kw).expect("just ensured");
+        if (owner_epoch, entry.grant_seq) <= (rec.owner_epoch, rec.grant_seq) {
+            self.stats.grants_duplicate += 1;
+            return false;
+        }
+        if entry.credit_total > rec.allowance {
+            // Both sides assert the allowance: a grant above it is refused, not clamped.
+            self.stats.grants_invalid += 1;
+            return false;
+        }
+        rec.owner_epoch = owner_epoch;
+        rec.grant_seq = entry.grant_seq;
+        rec.exhausted = entry.exhausted;
+        let delta = entry.credit_total.saturating_sub(rec.applied_grant);
+        rec.applied_grant = rec.applied_grant.max(entry.credit_total);
+        self.stats.grants_applied += 1;
+        match rec.place {
+            Place::Off { credit } => rec.place = Place::Off { credit: credit + delta },
+            Place::Live => {
+                let slot = usize::from(rec.slot);
+                if let Some(bucket) = self.surface.get(&kw.key) {
+                    let added =
+                        credit::add_credit(bucket.word(slot, kw.window), credit::tag_of(kw.window.number), delta, entry.exhausted);
+                    assert!(added, "{kw:?}: live record's word holds another window");
+                }
+            }
+            Place::Closed { .. } => {}
+        }
+        let off = matches!(rec.place, Place::Off { .. });
+        let surface = Arc::clone(&self.surface);
+        if off && let Some(bucket) = surface.get(&kw.key) {
+            self.install(kw.key, &bucket, kw);
+        }
+        true
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.outbox.pop_front()
+    }
+
+    /// This epoch's line for a key-window, as it would be reported now (tests and the
+    /// simulator use it to check fleet-wide truth).
+    pub fn line_for(&self, kw: &KeyWindow) -> Option<ReportEntry> {
+        self.records.get(kw).map(|rec| self.line(kw, rec))
+    }
+
+    /// Every key-window this epoch has a record for.
+    pub fn key_windows(&self) -> impl Iterator<Item = &KeyWindow> {
+        self.records.keys()
+    }
+
+    /// The node-side safety properties (ARCHITECTURE.md, "Invariants"), checked after
+    /// every step by the tests and the simulator.
+    pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
+        let mut floors = Vec::new();
+        for (kw, rec) in &self.records {
+            if rec.applied_grant > rec.allowance {
+                return Err(NodeInvariantError::GrantAboveAllowance {
+                    kw: *kw,
+                    applied: rec.applied_grant,
+                    allowance: rec.allowance,
+                });
+            }
+            if rec.place == Place::Live {
+                let ours = self.surface.get(&kw.key).is_some_and(|b| {
+                    let w = b.word(usize::from(rec.slot), kw.window).load(std::sync::atomic::Ordering::Acquire);
+                    credit::word_tag(w) == credit::tag_of(kw.window.number)
+                });
+                if !ours {
+                    return Err(NodeInvariantError::WordMismatch { kw: *kw });
+                }
+            }
+            let line = self.line(kw, rec);
+            let used = line.cumulative_spend + line.held_credit + line.returned;
+            if used > rec.received() || line.returned > rec.received() {
+                return Err(NodeInvariantError::CreditOverspent {
+                    kw: *kw,
+                    spend: line.cumulative_spend,
+                    held: line.held_credit,
+                    returned: line.returned,
+                    received: rec.received(),
+                });
+            }
+            if line.cumulative_spend < rec.spend_floor {
+                return Err(NodeInvariantError::SpendWentBackwards {
+                    kw: *kw,
+                    before: rec.spend_floor,
+                    after: line.cumulative_spend,
+                });
+            }
+            floors.push((*kw, line.cumulative_spend));
+        }
+        for (kw, spend) in floors {
+            if let Some(rec) = self.records.get_mut(&kw) {
+                rec.spend_floor = spend;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! The policy a decision needs, in a fixed-size, copyable form so the request path never
+//! allocates to read it (D4).
+
+use std::collections::HashMap;
+
+use bus_schemas::limits::PLAN_WINDOWS_MAX;
+use bus_schemas::{KeyId, PolicySnapshot, WindowSpec};
+
+/// The windows that apply to one key after overrides (S3: one or more fixed windows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyPolicy {
+    windows: [WindowSpec; PLAN_WINDOWS_MAX],
+    window_count: u8,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("a plan needs 1 to {PLAN_WINDOWS_MAX} windows, got {0}")]
+    WindowCount(usize),
+    #[error("window of {0} ms is shorter than {1} ms (four reconciliation rounds)")]
+    WindowTooShort(u32, u32),
+    #[error("two windows of {0} ms in one plan")]
+    DuplicateWindow(u32),
+    #[error("key assignment names plan {0}, which the snapshot does not define")]
+    UnknownPlan(u32),
+}
+
+/// Windows shorter than this many rounds cannot be reconciled meaningfully.
+pub const MIN_WINDOW_ROUNDS: u32 = 4;
+
+impl KeyPolicy {
+    pub fn new(windows: &[WindowSpec], round_ms: u32) -> Result<Self, PolicyError> {
+        if windows.is_empty() || windows.len() > PLAN_WINDOWS_MAX {
+            return Err(PolicyError::WindowCount(windows.len()));
+        }
+        let min_ms = round_ms * MIN_WINDOW_ROUNDS;
+        let mut out = [WindowSpec { length_ms: 0, limit: 0 }; PLAN_WINDOWS_MAX];
+        for (i, w) in windows.iter().enumerate() {
+            if w.length_ms < min_ms {
+                return Err(PolicyError::WindowTooShort(w.length_ms, min_ms));
+            }
+            if windows[..i].iter().any(|p| p.length_ms == w.length_ms) {
+                return Err(PolicyError::DuplicateWindow(w.length_ms));
+            }
+            out[i] = *w;
+        }
+        Ok(Self { windows: out, window_count: windows.len() as u8 })
+    }
+
+    pub fn windows(&self) -> &[WindowSpec] {
+        &self.windows[..usize::from(self.window_count)]
+    }
+
+    /// The highest allowed rate across windows, in requests per second: the backstop floor
+    /// multiplies this (D8).
+    pub fn peak_rate_per_s(&self) -> u64 {
+        self.windows()
+            .iter()
+            .map(|w| (w.limit * 1_000).div_ceil(u64::from(w.length_ms)))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Key -> resolved policy, built from a snapshot (P1). Read by whoever authenticates the
+/// key (D1); the limiter itself only ever sees a `KeyPolicy`.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyIndex {
+    pub version: u64,
+    keys: HashMap<KeyId, KeyPolicy>,
+}
+
+impl PolicyIndex {
+    pub fn from_snapshot(snapshot: &PolicySnapshot, round_ms: u32) -> Result<Self, PolicyError> {
+        let mut plans = HashMap::with_capacity(snapshot.plans.len());
+        for plan in &snapshot.plans {
+            plans.insert(plan.id, KeyPolicy::new(&plan.windows, round_ms)?);
+        }
+        let mut keys = HashMap::with_capacity(snapshot.keys.len());
+        for a in &snapshot.keys {
+            let policy = if a.override_windows.is_empty() {
+                *plans.get(&a.plan_id).ok_or(PolicyError::UnknownPlan(a.plan_id))?
+            } else {
+                KeyPolicy::new(&a.override_windows, round_ms)?
+            };
+            keys.insert(a.key, policy);
+        }
+        Ok(Self { version: snapshot.version, keys })
+    }
+
+    pub fn get(&self, key: &KeyId) -> Option<&KeyPolicy> {
+        self.keys.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bus_schemas::{KeyAssignment, Plan};
+
+    fn w(length_ms: u32, limit: u64) -> WindowSpec {
+        WindowSpec { length_ms, limit }
+    }
+
+    #[test]
+    fn overrides_replace_plan_windows() {
+        let key_a = KeyId { version: 1, digest: 1 };
+        let key_b = KeyId { version: 1, digest: 2 };
+        let snap = PolicySnapshot {
+            version: 7,
+            plans: vec![Plan { id: 1, name: "std".into(), windows: vec![w(1_000, 10), w(60_000, 300)] }],
+            keys: vec![
+                KeyAssignment { key: key_a, plan_id: 1, override_windows: vec![] },
+                KeyAssignment { key: key_b, plan_id: 1, override_windows: vec![w(1_000, 50)] },
+            ],
+        };
+        let idx = PolicyIndex::from_snapshot(&snap, 25).unwrap();
+        assert_eq!(idx.get(&key_a).unwrap().windows(), &[w(1_000, 10), w(60_000, 300)]);
+        assert_eq!(idx.get(&key_b).unwrap().windows(), &[w(1_000, 50)]);
+        assert_eq!(idx.get(&key_a).unwrap().peak_rate_per_s(), 10);
+    }
+
+    #[test]
+    fn bad_plans_are_rejected() {
+        assert_eq!(KeyPolicy::new(&[], 25), Err(PolicyError::WindowCount(0)));
+        assert_eq!(KeyPolicy::new(&[w(50, 1)], 25), Err(PolicyError::WindowTooShort(50, 100)));
+        assert_eq!(
+            KeyPolicy::new(&[w(1_000, 1), w(1_000, 2)], 25),
+            Err(PolicyError::DuplicateWindow(1_000))
+        );
+        let five = [w(1_000, 1), w(2_000, 1), w(3_000, 1), w(4_000, 1), w(5_000, 1)];
+        assert_eq!(KeyPolicy::new(&five, 25), Err(PolicyError::WindowCount(5)));
+    }
+}

@@ -1,0 +1,447 @@
+//! The decision surface: the concurrent map of atomic buckets that every request task
+//! reads (D4). It holds no reconciliation logic; `NodeLimiter` (the sans-IO reconciler)
+//! fills and drains its credit words beside it.
+//!
+//! What the common path does: one shard read-lock of the map (an atomic increment that
+//! never waits on another reader), one relaxed increment of the key's attempt counter,
+//! and one compare-and-swap per window. No allocation, no syscall, no await.
+
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use bus_schemas::limits::PLAN_WINDOWS_MAX;
+use bus_schemas::{KeyId, LimitReason, WindowId};
+use dashmap::DashMap;
+use dashmap::mapref::one::Ref;
+
+use crate::credit::{self, EMPTY_WORD};
+use crate::policy::KeyPolicy;
+use crate::window::{window_at, window_end_ms};
+
+/// One key's state on one node: a pair of credit words per window kind.
+pub struct KeyBucket {
+    pub(crate) policy: KeyPolicy,
+    pub(crate) slots: [[AtomicU64; 2]; PLAN_WINDOWS_MAX],
+    /// Requests seen, admitted or not: the reconciler turns it into demand (C4).
+    pub(crate) attempts: AtomicU64,
+    /// The round in which this key last took the fast path (D5: once per round).
+    pub(crate) fast_path_round: AtomicU64,
+    pub(crate) last_seen_round: AtomicU64,
+}
+
+impl KeyBucket {
+    fn new(policy: KeyPolicy, round: u64) -> Self {
+        Self {
+            policy,
+            slots: std::array::from_fn(|_| [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]),
+            attempts: AtomicU64::new(0),
+            fast_path_round: AtomicU64::new(u64::MAX),
+            last_seen_round: AtomicU64::new(round),
+        }
+    }
+
+    pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
+        &self.slots[slot][credit::parity(window.number)]
+    }
+
+    /// Credit held in the named window (0 if the word holds another window).
+    pub(crate) fn credit_in(&self, slot: usize, window: WindowId) -> u64 {
+        let w = self.word(slot, window).load(Ordering::Acquire);
+        if credit::word_tag(w) == credit::tag_of(window.number) { credit::word_credit(w) } else { 0 }
+    }
+
+    pub fn policy(&self) -> &KeyPolicy {
+        &self.policy
+    }
+}
+
+/// Why a request was turned away: an outcome, not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denial {
+    /// The first window (in plan order) that had no credit: the body names it (D6).
+    pub window: WindowId,
+    /// Wait to the latest boundary among all windows that could deny (D6, ADR-6).
+    pub wait_ms: u64,
+    pub reason: LimitReason,
+    pub degraded: bool,
+}
+
+/// A request the node could not decide from held credit; the caller asks the owner(s)
+/// with a hard 1 ms deadline, then calls `decide_after_fast_path` (D5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastPathNeed {
+    pub key: KeyId,
+    /// Window slots (bit i = plan window i) that had no credit.
+    pub short_windows: u8,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Admit,
+    /// Admitted because the limiter itself failed, within the backstop floor (D8).
+    FailOpen,
+    Deny(Denial),
+    FastPath(FastPathNeed),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SurfaceConfig {
+    /// D7: LRU cap on buckets per node.
+    pub bucket_cap: usize,
+    pub round_ms: u32,
+    /// D8: the backstop floor is this multiple of a key's peak plan rate, per second.
+    pub backstop_multiple: u64,
+    /// A reconciler that has not ticked for this long is a limiter-internal failure (D8).
+    pub reconciler_stall_ms: u64,
+}
+
+impl Default for SurfaceConfig {
+    fn default() -> Self {
+        Self { bucket_cap: 50_000, round_ms: 25, backstop_multiple: 4, reconciler_stall_ms: 1_000 }
+    }
+}
+
+const FLAG_FAST_PATH: u32 = 1;
+const FLAG_DEGRADED: u32 = 2;
+const FLAG_FAULT: u32 = 4;
+
+/// Counters of the rare outcomes; admits are not counted here so the common path touches
+/// no shared cache line (attempts per key give the admit count).
+#[derive(Default, Debug)]
+pub struct SurfaceStats {
+    pub denied: AtomicU64,
+    pub fail_open: AtomicU64,
+    pub backstop_denied: AtomicU64,
+    pub fast_path_triggered: AtomicU64,
+    /// New keys refused a bucket because the map was full of credit-holding buckets.
+    pub inserts_refused: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+/// Identity-style hasher: a `KeyId` digest is already an HMAC output, so mixing it again
+/// through SipHash would only cost time on every decision.
+#[derive(Clone, Copy, Default)]
+pub struct KeyIdHasherBuilder;
+
+#[derive(Default)]
+pub struct KeyIdHasher(u64);
+
+impl Hasher for KeyIdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.0 ^= u64::from(v);
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+impl BuildHasher for KeyIdHasherBuilder {
+    type Hasher = KeyIdHasher;
+    fn build_hasher(&self) -> KeyIdHasher {
+        KeyIdHasher::default()
+    }
+}
+
+/// D8's per-key backstop floor for fail-open admissions: a fixed table of per-second
+/// counters indexed by key hash. Collisions make it stricter, never looser, which is the
+/// right side for a deliberately coarse bound. Allocated once, at construction.
+struct Backstop {
+    slots: Box<[AtomicU64]>,
+}
+
+const BACKSTOP_SLOTS: usize = 1 << 16;
+
+impl Backstop {
+    fn new() -> Self {
+        Self { slots: (0..BACKSTOP_SLOTS).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    fn try_admit(&self, key: KeyId, wall_ms: u64, floor_per_s: u64) -> bool {
+        let slot = &self.slots[(key.hash64() as usize) & (BACKSTOP_SLOTS - 1)];
+        let second = (wall_ms / 1_000) & ((1 << 24) - 1);
+        let mut cur = slot.load(Ordering::Acquire);
+        loop {
+            let (sec, count) = (cur >> 40, cur & credit::CREDIT_MAX);
+            let next = if sec != second {
+                (second << 40) | 1
+            } else if count < floor_per_s {
+                cur + 1
+            } else {
+                return false;
+            };
+            match slot.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+pub struct DecisionSurface {
+    buckets: DashMap<KeyId, KeyBucket, KeyIdHasherBuilder>,
+    config: SurfaceConfig,
+    round: AtomicU64,
+    next_round_wall_ms: AtomicU64,
+    heartbeat_wall_ms: AtomicU64,
+    flags: AtomicU32,
+    backstop: Backstop,
+    pub stats: SurfaceStats,
+}
+
+impl DecisionSurface {
+    pub fn new(config: SurfaceConfig) -> Self {
+        assert!(config.bucket_cap > 0 && config.round_ms > 0);
+        Self {
+            // Pre-size to the cap so the map never grows (and allocates) under load.
+            buckets: DashMap::with_capacity_and_hasher(config.bucket_cap, KeyIdHasherBuilder),
+            config,
+            round: AtomicU64::new(0),
+            next_round_wall_ms: AtomicU64::new(0),
+            heartbeat_wall_ms: AtomicU64::new(0),
+            flags: AtomicU32::new(0),
+            backstop: Backstop::new(),
+            stats: SurfaceStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &SurfaceConfig {
+        &self.config
+    }
+
+    /// The admission decision (D4). `policy` is used only when the key has no bucket yet;
+    /// the caller resolved it while authenticating the key (D1).
+    #[inline]
+    pub fn decide(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy) -> Decision {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if self.limiter_failed(flags, wall_ms) {
+            return self.fail_open(key, wall_ms, policy);
+        }
+        match self.buckets.get(&key) {
+            Some(bucket) => self.decide_in(&bucket, key, wall_ms, flags, true, false),
+            None => self.decide_new(key, wall_ms, policy, flags),
+        }
+    }
+
+    /// Re-evaluate after the fast path answered or its deadline passed (D5). A miss is a
+    /// real 429, not a fail-open case: the local limiter is working.
+    pub fn decide_after_fast_path(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy, deadline_missed: bool) -> Decision {
+        let flags = self.flags.load(Ordering::Relaxed);
+        if self.limiter_failed(flags, wall_ms) {
+            return self.fail_open(key, wall_ms, policy);
+        }
+        match self.buckets.get(&key) {
+            Some(bucket) => self.decide_in(&bucket, key, wall_ms, flags, false, deadline_missed),
+            None => self.fail_open(key, wall_ms, policy),
+        }
+    }
+
+    #[inline]
+    fn limiter_failed(&self, flags: u32, wall_ms: u64) -> bool {
+        flags & FLAG_FAULT != 0
+            || wall_ms.saturating_sub(self.heartbeat_wall_ms.load(Ordering::Relaxed)) > self.config.reconciler_stall_ms
+    }
+
+    #[cold]
+    fn decide_new(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy, flags: u32) -> Decision {
+        if self.buckets.len() >= self.config.bucket_cap {
+            // D7 evicts only zero-credit buckets; when none can go, a new key has nowhere
+            // to live, which is a limiter-internal failure (D8).
+            self.stats.inserts_refused.fetch_add(1, Ordering::Relaxed);
+            return self.fail_open(key, wall_ms, policy);
+        }
+        let round = self.round.load(Ordering::Relaxed);
+        let bucket = self.buckets.entry(key).or_insert_with(|| KeyBucket::new(*policy, round)).downgrade();
+        self.decide_in(&bucket, key, wall_ms, flags, true, false)
+    }
+
+    #[inline]
+    fn decide_in(
+        &self,
+        bucket: &Ref<'_, KeyId, KeyBucket>,
+        key: KeyId,
+        wall_ms: u64,
+        flags: u32,
+        fast_path_allowed: bool,
+        deadline_missed: bool,
+    ) -> Decision {
+        bucket.attempts.fetch_add(1, Ordering::Relaxed);
+        let round = self.round.load(Ordering::Relaxed);
+        if bucket.last_seen_round.load(Ordering::Relaxed) != round {
+            bucket.last_seen_round.store(round, Ordering::Relaxed);
+        }
+        let windows = bucket.policy.windows();
+        let mut charged = 0usize;
+        let mut failed = None;
+        for (i, spec) in windows.iter().enumerate() {
+            let w = window_at(key, spec.length_ms, wall_ms);
+            if credit::try_charge(bucket.word(i, w), credit::tag_of(w.number)).is_err() {
+                failed = Some(i);
+                break;
+            }
+            charged += 1;
+        }
+        let Some(first_short) = failed else {
+            return Decision::Admit;
+        };
+        for (i, spec) in windows.iter().enumerate().take(charged) {
+            let w = window_at(key, spec.length_ms, wall_ms);
+            credit::refund(bucket.word(i, w), credit::tag_of(w.number));
+        }
+        self.deny_or_fast_path(bucket, key, wall_ms, flags, first_short, fast_path_allowed, deadline_missed, round)
+    }
+
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn deny_or_fast_path(
+        &self,
+        bucket: &KeyBucket,
+        key: KeyId,
+        wall_ms: u64,
+        flags: u32,
+        first_short: usize,
+        fast_path_allowed: bool,
+        deadline_missed: bool,
+        round: u64,
+    ) -> Decision {
+        // Every window without credit here could deny the retry, not only the one that
+        // did (ADR-6). One that the owner has declared exhausted frees up only at its
+        // boundary; one that is merely short here may get credit at the next round.
+        let next_round_wait_ms = self.next_round_wall_ms.load(Ordering::Relaxed).saturating_sub(wall_ms).max(1);
+        let mut short_windows = 0u8;
+        let mut wait_ms = 0u64;
+        let mut denying = None;
+        for (i, spec) in bucket.policy.windows().iter().enumerate() {
+            let w = window_at(key, spec.length_ms, wall_ms);
+            let word = bucket.word(i, w).load(Ordering::Acquire);
+            let ours = credit::word_tag(word) == credit::tag_of(w.number);
+            if ours && credit::word_credit(word) > 0 {
+                continue;
+            }
+            short_windows |= 1 << i;
+            if i == first_short {
+                denying = Some(w);
+            }
+            let to_boundary_ms = window_end_ms(key, w).saturating_sub(wall_ms);
+            let wait = if ours && credit::word_exhausted(word) {
+                to_boundary_ms
+            } else {
+                to_boundary_ms.min(next_round_wait_ms)
+            };
+            wait_ms = wait_ms.max(wait);
+        }
+        if fast_path_allowed && flags & FLAG_FAST_PATH != 0 {
+            let seen = bucket.fast_path_round.load(Ordering::Relaxed);
+            if seen != round
+                && bucket
+                    .fast_path_round
+                    .compare_exchange(seen, round, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.stats.fast_path_triggered.fetch_add(1, Ordering::Relaxed);
+                return Decision::FastPath(FastPathNeed { key, short_windows });
+            }
+        }
+        self.stats.denied.fetch_add(1, Ordering::Relaxed);
+        let window = denying.unwrap_or_else(|| {
+            // The word was refilled between the failed charge and this look; name the
+            // window that failed anyway.
+            let spec = bucket.policy.windows()[first_short];
+            window_at(key, spec.length_ms, wall_ms)
+        });
+        Decision::Deny(Denial {
+            window,
+            wait_ms: wait_ms.max(1),
+            reason: if deadline_missed { LimitReason::FastPathDeadline } else { LimitReason::Exhausted },
+            degraded: flags & FLAG_DEGRADED != 0,
+        })
+    }
+
+    #[cold]
+    fn fail_open(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy) -> Decision {
+        let floor_per_s = policy.peak_rate_per_s().saturating_mul(self.config.backstop_multiple).max(1);
+        if self.backstop.try_admit(key, wall_ms, floor_per_s) {
+            self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
+            return Decision::FailOpen;
+        }
+        self.stats.backstop_denied.fetch_add(1, Ordering::Relaxed);
+        let spec = policy.windows()[0];
+        Decision::Deny(Denial {
+            window: window_at(key, spec.length_ms, wall_ms),
+            wait_ms: 1_000 - wall_ms % 1_000,
+            reason: LimitReason::Backstop,
+            degraded: true,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    pub fn degraded(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & FLAG_DEGRADED != 0
+    }
+
+    pub fn fast_path_enabled(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & FLAG_FAST_PATH != 0
+    }
+
+    /// Set by the runtime when the limiter is known broken (D8): decisions fail open,
+    /// bounded by the backstop floor.
+    pub fn set_fault(&self, fault: bool) {
+        self.set_flag(FLAG_FAULT, fault);
+    }
+
+    pub(crate) fn set_flag(&self, flag: u32, on: bool) {
+        if on {
+            self.flags.fetch_or(flag, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!flag, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn set_fast_path(&self, on: bool) {
+        self.set_flag(FLAG_FAST_PATH, on);
+    }
+
+    pub(crate) fn set_degraded(&self, on: bool) {
+        self.set_flag(FLAG_DEGRADED, on);
+    }
+
+    pub(crate) fn publish_round(&self, round: u64, wall_ms: u64, next_round_wall_ms: u64) {
+        self.round.store(round, Ordering::Relaxed);
+        self.next_round_wall_ms.store(next_round_wall_ms, Ordering::Relaxed);
+        self.heartbeat_wall_ms.store(wall_ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self, key: &KeyId) -> Option<Ref<'_, KeyId, KeyBucket>> {
+        self.buckets.get(key)
+    }
+
+    pub(crate) fn for_each(&self, mut f: impl FnMut(KeyId, &KeyBucket)) {
+        for entry in self.buckets.iter() {
+            f(*entry.key(), entry.value());
+        }
+    }
+
+    /// Remove `key` only if `still_evictable` holds under the shard's write lock, so a
+    /// grant that raced in is never thrown away (D7).
+    pub(crate) fn evict_if(&self, key: &KeyId, still_evictable: impl FnOnce(&KeyBucket) -> bool) -> bool {
+        let removed = self.buckets.remove_if(key, |_, b| still_evictable(b)).is_some();
+        if removed {
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        removed
+    }
+}
