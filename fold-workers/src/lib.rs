@@ -1,1 +1,16 @@
+//! The fold owner: the only issuer of credit for its key shard (C2).
+//!
+//! [`FoldOwner`] is a sans-IO state machine, one per (shard, owner epoch). It is handed
+//! reports, fast-path requests and ticks with the time (`handle_*`), and hands back grant
+//! batches (`poll_grant`) and fast-path replies (returned directly: the caller is on a
+//! request/reply subject). The NATS fold worker and the simulator drive this same code.
+//!
+//! Its one safety property, checked by [`FoldOwner::check_invariants`] after every step
+//! by tests and the simulator, and before every grant here: for every key-window, the
+//! credit it and earlier owners issued, net of what nodes returned, never exceeds the
+//! allowance less the unreleased reserve. An owner that finds it broken halts: it stops
+//! issuing credit rather than guess.
 
+pub mod owner;
+
+pub use owner::{FoldOwner, OwnerConfig, OwnerInvariantError, OwnerMode, OwnerStats};

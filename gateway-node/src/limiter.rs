@@ -74,7 +74,7 @@ impl NodeConfig {
             reserve_permille: 20,
             missed_rounds_limit: 2,
             degraded_after_ms: 30_000,
-            idle_return_rounds: 2,
+            idle_return_rounds: 8,
             prefetch_rounds: 2,
             refresh_rounds: 8,
             closed_reports: 2,
@@ -107,7 +107,7 @@ pub enum NodeInvariantError {
     SpendWentBackwards { kw: KeyWindow, before: u64, after: u64 },
     #[error("{kw:?}: spend {spend} + held {held} + returned {returned} exceeds credit received {received}")]
     CreditOverspent { kw: KeyWindow, spend: u64, held: u64, returned: u64, received: u64 },
-    #[error("{kw:?}: applied grant {applied} exceeds allowance {allowance}")]
+    #[error("{kw:?}: applied grant {applied} exceeds allowance {allowance} plus credit returned")]
     GrantAboveAllowance { kw: KeyWindow, applied: u64, allowance: u64 },
     #[error("{kw:?}: record says installed but the word holds another window")]
     WordMismatch { kw: KeyWindow },
@@ -760,8 +760,9 @@ impl NodeLimiter {
             self.stats.grants_duplicate += 1;
             return false;
         }
-        if entry.credit_total > rec.allowance {
+        if entry.credit_total > rec.allowance + rec.returned {
             // Both sides assert the allowance: a grant above it is refused, not clamped.
+            // Totals are cumulative, so credit handed back may be granted again.
             self.stats.grants_invalid += 1;
             return false;
         }
@@ -811,7 +812,7 @@ impl NodeLimiter {
     pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
         let mut floors = Vec::new();
         for (kw, rec) in &self.records {
-            if rec.applied_grant > rec.allowance {
+            if rec.applied_grant > rec.allowance + rec.returned {
                 return Err(NodeInvariantError::GrantAboveAllowance {
                     kw: *kw,
                     applied: rec.applied_grant,

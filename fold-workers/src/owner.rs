@@ -1,0 +1,482 @@
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+
+use bus_schemas::{
+    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyWindow, NodeEpoch, NodeId, Now,
+    OwnerEpoch, ReportBatch, ReportEntry, ShardId,
+};
+
+type DetMap<K, V> = HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
+
+/// O1: leasing sizes grants from demand; fixed hands out only the reserve (the nodes take
+/// fixed 1/fleet shares themselves).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerMode {
+    Leasing,
+    Fixed,
+}
+
+#[derive(Clone, Debug)]
+pub struct OwnerConfig {
+    pub shard: ShardId,
+    pub shards: u32,
+    pub fleet_size: u32,
+    pub round_ms: u32,
+    pub mode: OwnerMode,
+    /// C4/A47: headroom on advertised demand, in thousandths (1250 = h 1.25).
+    pub headroom_permille: u64,
+    /// Rounds of demand a grant covers ahead.
+    pub lead_rounds: u64,
+    /// C5: reserve, thousandths of the allowance.
+    pub reserve_permille: u64,
+    /// C8: rounds a reappearing or self-granting node is withheld.
+    pub withhold_rounds: u64,
+    /// A node unseen this many rounds counts as absent.
+    pub absent_after_rounds: u64,
+    /// After a takeover, grant nothing until every fleet node has acknowledged this owner
+    /// epoch in a report (from then on it refuses the old owner's grants, so its reported
+    /// totals include every old grant it will ever apply). `Some(ms)` gives up waiting
+    /// for silent nodes after `ms` and withholds them instead: liveness bought with a
+    /// residual risk bounded by the old owner's in-flight grants to those nodes.
+    pub takeover_ack_timeout_ms: Option<u64>,
+    /// Key-windows tracked at once.
+    pub ledgers_cap: usize,
+}
+
+impl OwnerConfig {
+    pub fn reference(shard: ShardId) -> Self {
+        Self {
+            shard,
+            shards: 20,
+            fleet_size: 20,
+            round_ms: 25,
+            mode: OwnerMode::Leasing,
+            headroom_permille: 1_250,
+            lead_rounds: 8,
+            reserve_permille: 20,
+            withhold_rounds: 1,
+            absent_after_rounds: 2,
+            takeover_ack_timeout_ms: None,
+            ledgers_cap: 1_000_000,
+        }
+    }
+
+    fn reserve(&self, allowance: u64) -> u64 {
+        allowance * self.reserve_permille / 1_000
+    }
+
+    fn fixed_share(&self, allowance: u64) -> u64 {
+        allowance * (1_000 - self.reserve_permille) / 1_000 / u64::from(self.fleet_size)
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum OwnerInvariantError {
+    #[error("{kw:?}: issued credit {issued} net of returns exceeds allowance {allowance} less unreleased reserve {reserve}")]
+    OverIssued { kw: KeyWindow, issued: u64, allowance: u64, reserve: u64 },
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnerStats {
+    pub batches: u64,
+    pub entries: u64,
+    pub entries_stale: u64,
+    pub batches_misrouted: u64,
+    pub grants: u64,
+    pub credit_granted: u64,
+    pub fast_path_requests: u64,
+    pub fast_path_granted: u64,
+    pub reserve_released: u64,
+    pub withheld: u64,
+    pub ledgers_refused: u64,
+    pub reaped: u64,
+}
+
+/// What the owner knows of one node epoch in one key-window.
+#[derive(Clone, Copy, Debug, Default)]
+struct Line {
+    seq: u64,
+    spend: u64,
+    demand: u64,
+    applied: u64,
+    returned: u64,
+    self_granted: u64,
+    /// Credit total this owner (or, after a takeover, the reports) says was issued.
+    granted: u64,
+    grant_seq: u64,
+}
+
+impl Line {
+    /// Owner-issued credit as the node could hold it: a previous owner's grant may have
+    /// been applied without this owner issuing it, so take the larger.
+    fn issued(&self) -> u64 {
+        self.granted.max(self.applied)
+    }
+
+    fn outstanding(&self) -> u64 {
+        (self.issued() + self.self_granted).saturating_sub(self.spend + self.returned)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Ledger {
+    /// The smallest allowance any node reported: a policy switch mid-window only tightens.
+    allowance: u64,
+    reserve_released: bool,
+    lines: DetMap<(NodeId, NodeEpoch), Line>,
+    /// Fixed mode: nodes that took their share this window.
+    fixed_nodes_seen: u32,
+}
+
+impl Ledger {
+    fn reserve_held(&self, config: &OwnerConfig) -> u64 {
+        if self.reserve_released { 0 } else { config.reserve(self.allowance) }
+    }
+
+    fn issued_net(&self) -> u64 {
+        self.lines.values().map(|l| l.issued()).sum::<u64>().saturating_sub(
+            self.lines.values().map(|l| l.returned.min(l.issued() + l.self_granted)).sum::<u64>(),
+        )
+    }
+
+    /// Everything that may still be or has been spent: owner credit, self-grants, and in
+    /// fixed mode the shares of nodes not yet heard from.
+    fn committed(&self, config: &OwnerConfig) -> u64 {
+        let lines: u64 = self
+            .lines
+            .values()
+            .map(|l| (l.issued() + l.self_granted).saturating_sub(l.returned))
+            .sum();
+        let unseen_shares = match config.mode {
+            OwnerMode::Fixed => {
+                u64::from(config.fleet_size.saturating_sub(self.fixed_nodes_seen)) * config.fixed_share(self.allowance)
+            }
+            OwnerMode::Leasing => 0,
+        };
+        lines + unseen_shares
+    }
+
+    fn available(&self, config: &OwnerConfig) -> u64 {
+        self.allowance.saturating_sub(self.reserve_held(config) + self.committed(config))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct NodeSeen {
+    last_seen_mono_ms: u64,
+    withheld_until_mono_ms: u64,
+}
+
+pub struct FoldOwner {
+    config: OwnerConfig,
+    epoch: OwnerEpoch,
+    started_mono_ms: u64,
+    takeover: bool,
+    /// Nodes whose reports acknowledge this owner epoch (the takeover fence).
+    acked: std::collections::BTreeSet<NodeId>,
+    ledgers: DetMap<KeyWindow, Ledger>,
+    nodes: DetMap<NodeId, NodeSeen>,
+    outbox: VecDeque<GrantBatch>,
+    halted: Option<OwnerInvariantError>,
+    stats: OwnerStats,
+}
+
+impl FoldOwner {
+    /// `takeover`: another owner held this shard before (its grants may be in flight).
+    pub fn new(config: OwnerConfig, epoch: OwnerEpoch, now: Now, takeover: bool) -> Self {
+        assert!(epoch > OwnerEpoch(0) && config.fleet_size > 0 && config.shard.0 < config.shards);
+        Self {
+            config,
+            epoch,
+            started_mono_ms: now.mono_ms,
+            takeover,
+            acked: Default::default(),
+            ledgers: DetMap::default(),
+            nodes: DetMap::default(),
+            outbox: VecDeque::new(),
+            halted: None,
+            stats: OwnerStats::default(),
+        }
+    }
+
+    pub fn epoch(&self) -> OwnerEpoch {
+        self.epoch
+    }
+
+    pub fn shard(&self) -> ShardId {
+        self.config.shard
+    }
+
+    pub fn stats(&self) -> &OwnerStats {
+        &self.stats
+    }
+
+    pub fn halted(&self) -> Option<&OwnerInvariantError> {
+        self.halted.as_ref()
+    }
+
+    fn round_ms(&self) -> u64 {
+        u64::from(self.config.round_ms)
+    }
+
+    /// The takeover fence: until every node has acknowledged this epoch, a grant could
+    /// double credit the previous owner still has in flight.
+    fn fenced(&self, node: NodeId, now: Now) -> bool {
+        if !self.takeover {
+            return false;
+        }
+        let all_acked = self.acked.len() as u32 >= self.config.fleet_size;
+        let gave_up = self.config.takeover_ack_timeout_ms.is_some_and(|t| now.mono_ms >= self.started_mono_ms + t);
+        !(all_acked || gave_up && self.acked.contains(&node))
+    }
+
+    fn withheld(&self, node: NodeId, now: Now) -> bool {
+        self.halted.is_some()
+            || self.fenced(node, now)
+            || self.nodes.get(&node).is_some_and(|n| now.mono_ms < n.withheld_until_mono_ms)
+    }
+
+    fn see_node(&mut self, node: NodeId, now: Now) {
+        let absent_ms = self.config.absent_after_rounds * self.round_ms();
+        let withhold_ms = self.config.withhold_rounds * self.round_ms();
+        let seen = self.nodes.entry(node).or_insert(NodeSeen { last_seen_mono_ms: now.mono_ms, withheld_until_mono_ms: 0 });
+        if now.mono_ms.saturating_sub(seen.last_seen_mono_ms) > absent_ms {
+            // C8: it may have self-granted while away; grant nothing until a full round of
+            // its reports has shown what it holds.
+            seen.withheld_until_mono_ms = now.mono_ms + withhold_ms;
+        }
+        seen.last_seen_mono_ms = now.mono_ms;
+    }
+
+    /// Merge one report line (C3): max-sequence-wins within a node epoch, lines of
+    /// different epochs are kept apart and summed. Returns false if the ledger is full.
+    fn merge(&mut self, node: NodeId, epoch: NodeEpoch, seq: u64, entry: &ReportEntry, now: Now) -> bool {
+        let kw = entry.key_window;
+        if !self.ledgers.contains_key(&kw) {
+            if self.ledgers.len() >= self.config.ledgers_cap {
+                self.stats.ledgers_refused += 1;
+                return false;
+            }
+            self.ledgers.insert(
+                kw,
+                Ledger {
+                    allowance: entry.allowance,
+                    reserve_released: false,
+                    lines: DetMap::default(),
+                    fixed_nodes_seen: 0,
+                },
+            );
+        }
+        let withhold_ms = self.config.withhold_rounds * self.round_ms();
+        let ledger = self.ledgers.get_mut(&kw).expect("just inserted");
+        ledger.allowance = ledger.allowance.min(entry.allowance);
+        let is_new_line = !ledger.lines.contains_key(&(node, epoch));
+        if is_new_line && self.config.mode == OwnerMode::Fixed {
+            ledger.fixed_nodes_seen += 1;
+        }
+        let line = ledger.lines.entry((node, epoch)).or_default();
+        if !is_new_line && seq <= line.seq {
+            self.stats.entries_stale += 1;
+            return true;
+        }
+        let new_self_grant = entry.self_granted > line.self_granted && self.config.mode == OwnerMode::Leasing;
+        line.seq = seq;
+        line.spend = line.spend.max(entry.cumulative_spend);
+        line.demand = entry.demand;
+        line.applied = line.applied.max(entry.applied_grant);
+        line.returned = line.returned.max(entry.returned);
+        line.self_granted = line.self_granted.max(entry.self_granted);
+        if line.granted < line.applied {
+            // A previous owner's credit (takeover): continue its totals.
+            line.granted = line.applied;
+        }
+        if ledger.issued_net() + config_reserve(&self.config, ledger.allowance) > ledger.allowance {
+            // Only a previous owner releasing the reserve explains this much credit out.
+            ledger.reserve_released = true;
+        }
+        if new_self_grant && let Some(n) = self.nodes.get_mut(&node) {
+            // F4: the node gave itself credit while we were away.
+            n.withheld_until_mono_ms = n.withheld_until_mono_ms.max(now.mono_ms + withhold_ms);
+        }
+        true
+    }
+
+    /// C1/B1: one node's report batch for this shard. Every batch gets a grant batch back
+    /// (possibly empty), which is also the node's proof of contact (F2).
+    pub fn handle_report_batch(&mut self, now: Now, batch: &ReportBatch) {
+        if batch.shard != self.config.shard {
+            self.stats.batches_misrouted += 1;
+            return;
+        }
+        self.stats.batches += 1;
+        self.stats.entries += batch.entries.len() as u64;
+        self.see_node(batch.node, now);
+        if batch.owner_epoch_seen >= self.epoch {
+            self.acked.insert(batch.node);
+        }
+        for entry in &batch.entries {
+            self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
+        }
+        let mut grants = Vec::new();
+        if self.withheld(batch.node, now) {
+            self.stats.withheld += 1;
+        } else if self.config.mode == OwnerMode::Leasing {
+            for entry in &batch.entries {
+                if let Some(g) = self.size_grant(now, batch.node, batch.node_epoch, entry.key_window, false) {
+                    grants.push(g);
+                }
+            }
+        }
+        self.outbox.push_back(GrantBatch { owner_epoch: self.epoch, shard: self.config.shard, node: batch.node, entries: grants });
+    }
+
+    /// C4: top a node up to `h x demand x lead` of outstanding credit, from what is left
+    /// of the allowance; when the wants of all nodes exceed it, split it in proportion.
+    fn size_grant(&mut self, now: Now, node: NodeId, epoch: NodeEpoch, kw: KeyWindow, fast: bool) -> Option<GrantEntry> {
+        let window_end = bus_window_end(kw);
+        if now.wall_ms >= window_end {
+            return None;
+        }
+        let config = self.config.clone();
+        let ledger = self.ledgers.get_mut(&kw)?;
+        let want_of = |l: &Line| -> u64 {
+            let target = (l.demand * config.headroom_permille * config.lead_rounds).div_ceil(1_000_000);
+            target.saturating_sub(l.outstanding())
+        };
+        let line = *ledger.lines.get(&(node, epoch))?;
+        let mut want = want_of(&line);
+        if fast {
+            want = want.max(1);
+        }
+        if want == 0 {
+            return None;
+        }
+        let mut available = ledger.available(&config);
+        if fast && available < want && !ledger.reserve_released && config.reserve(ledger.allowance) > 0 {
+            // C5: the reserve goes once per key-window, only through the fast path.
+            ledger.reserve_released = true;
+            self.stats.reserve_released += 1;
+            available = ledger.available(&config);
+        }
+        let total_want: u64 = ledger.lines.values().map(want_of).sum::<u64>().max(want);
+        let grant = if total_want > available {
+            ((u128::from(available) * u128::from(want) / u128::from(total_want)) as u64).max(u64::from(available > 0))
+        } else {
+            want
+        }
+        .min(available);
+        if grant == 0 {
+            return None;
+        }
+        let line = ledger.lines.get_mut(&(node, epoch)).expect("read above");
+        line.granted = line.issued() + grant;
+        line.grant_seq += 1;
+        let entry = GrantEntry {
+            key_window: kw,
+            node_epoch: epoch,
+            grant_seq: line.grant_seq,
+            credit_total: line.granted,
+            exhausted: available == grant,
+        };
+        self.stats.grants += 1;
+        self.stats.credit_granted += grant;
+        // Assert on the issuing side of the boundary too: a breach halts before it leaves.
+        if let Err(e) = check_ledger(&config, &kw, self.ledgers.get(&kw).expect("present")) {
+            self.halted = Some(e);
+            return None;
+        }
+        Some(entry)
+    }
+
+    /// D5: answered at once, on the request's reply subject.
+    pub fn handle_fast_path_request(&mut self, now: Now, req: &FastPathRequest) -> FastPathReply {
+        self.stats.fast_path_requests += 1;
+        let (owner_epoch, shard, request_id) = (self.epoch, self.config.shard, req.request_id);
+        let reply = |outcome| FastPathReply { owner_epoch, shard, request_id, outcome };
+        if req.shard != self.config.shard || req.entry.key_window.shard(self.config.shards) != self.config.shard {
+            self.stats.batches_misrouted += 1;
+            return reply(FastPathOutcome::Withheld);
+        }
+        self.see_node(req.node, now);
+        // The request's line is a consistent snapshot; merge it as the newest we have, at
+        // the same sequence as the last report so the next report still supersedes it.
+        let seq = self.ledgers.get(&req.entry.key_window).and_then(|l| l.lines.get(&(req.node, req.node_epoch))).map(|l| l.seq);
+        self.merge(req.node, req.node_epoch, seq.unwrap_or(0), &req.entry, now);
+        if let Some(line) = self
+            .ledgers
+            .get_mut(&req.entry.key_window)
+            .and_then(|l| l.lines.get_mut(&(req.node, req.node_epoch)))
+        {
+            line.spend = line.spend.max(req.entry.cumulative_spend);
+            line.applied = line.applied.max(req.entry.applied_grant);
+            line.demand = line.demand.max(req.entry.demand);
+        }
+        if self.withheld(req.node, now) {
+            self.stats.withheld += 1;
+            return reply(FastPathOutcome::Withheld);
+        }
+        match self.size_grant(now, req.node, req.node_epoch, req.entry.key_window, true) {
+            Some(g) => {
+                self.stats.fast_path_granted += 1;
+                reply(FastPathOutcome::Granted(g))
+            }
+            None => {
+                let exhausted = self.ledgers.get(&req.entry.key_window).is_some_and(|l| l.available(&self.config) == 0);
+                reply(FastPathOutcome::Refused { exhausted })
+            }
+        }
+    }
+
+    /// C7: a key-window's ledger (its node epochs with it) goes two rounds after the window
+    /// closes; orphaned credit of dead epochs thus returns to the pool at rollover, never
+    /// mid-window.
+    pub fn handle_tick(&mut self, now: Now) {
+        let keep_ms = 2 * self.round_ms();
+        let before = self.ledgers.len();
+        self.ledgers.retain(|kw, _| bus_window_end(*kw) + keep_ms > now.wall_ms);
+        self.stats.reaped += (before - self.ledgers.len()) as u64;
+    }
+
+    pub fn poll_grant(&mut self) -> Option<GrantBatch> {
+        self.outbox.pop_front()
+    }
+
+    /// What this owner has issued to a node epoch for a key-window (tests).
+    pub fn issued_to(&self, kw: &KeyWindow, node: NodeId, epoch: NodeEpoch) -> Option<u64> {
+        self.ledgers.get(kw)?.lines.get(&(node, epoch)).map(|l| l.granted)
+    }
+
+    /// The merged spend of a key-window across every node epoch (C3).
+    pub fn merged_spend(&self, kw: &KeyWindow) -> Option<u64> {
+        self.ledgers.get(kw).map(|l| l.lines.values().map(|x| x.spend).sum())
+    }
+
+    pub fn check_invariants(&mut self) -> Result<(), OwnerInvariantError> {
+        for (kw, ledger) in &self.ledgers {
+            if let Err(e) = check_ledger(&self.config, kw, ledger) {
+                self.halted = Some(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn config_reserve(config: &OwnerConfig, allowance: u64) -> u64 {
+    config.reserve(allowance)
+}
+
+fn check_ledger(config: &OwnerConfig, kw: &KeyWindow, ledger: &Ledger) -> Result<(), OwnerInvariantError> {
+    let issued = ledger.issued_net();
+    let reserve = ledger.reserve_held(config);
+    if issued + reserve > ledger.allowance {
+        return Err(OwnerInvariantError::OverIssued { kw: *kw, issued, allowance: ledger.allowance, reserve });
+    }
+    Ok(())
+}
+
+/// Window end in wall time; the owner needs it only to stop granting and to reap.
+fn bus_window_end(kw: KeyWindow) -> u64 {
+    let len = u64::from(kw.window.length_ms);
+    kw.window.number * len + kw.key.phase_offset_ms(kw.window.length_ms) + len
+}

@@ -1,0 +1,170 @@
+//! Property tests of the leasing protocol (issue 2): a node set and an owner under
+//! arbitrary interleavings of requests, ticks, lost, duplicated and reordered messages,
+//! restarts and owner changes. Every step is followed by the safety checks.
+
+use bus_schemas::{KeyWindow, LimitReason};
+use foldgate_tests::{Fleet, Msg};
+use gateway_node::Decision;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Request { node: usize, key: usize, burst: u8 },
+    TickAll,
+    Advance { ms: u16 },
+    Deliver { idx: usize },
+    Duplicate { idx: usize },
+    Drop { idx: usize },
+    Restart { node: usize },
+    OwnerChange,
+}
+
+fn op(owner_changes: bool) -> impl Strategy<Value = Op> {
+    let base = prop_oneof![
+        8 => (0..3usize, 0..2usize, 1..12u8).prop_map(|(node, key, burst)| Op::Request { node, key, burst }),
+        4 => Just(Op::TickAll),
+        3 => (1..60u16).prop_map(|ms| Op::Advance { ms }),
+        8 => any::<usize>().prop_map(|idx| Op::Deliver { idx }),
+        1 => any::<usize>().prop_map(|idx| Op::Duplicate { idx }),
+        1 => any::<usize>().prop_map(|idx| Op::Drop { idx }),
+        1 => (0..3usize).prop_map(|node| Op::Restart { node }),
+    ];
+    if owner_changes { prop_oneof![30 => base, 1 => Just(Op::OwnerChange)].boxed() } else { base.boxed() }
+}
+
+fn lines(fleet: &Fleet, node: usize) -> Vec<(KeyWindow, bus_schemas::ReportEntry)> {
+    let n = &fleet.nodes[node];
+    let mut v: Vec<_> = n.key_windows().map(|kw| (*kw, n.line_for(kw).unwrap())).collect();
+    v.sort_by_key(|(kw, _)| *kw);
+    v
+}
+
+fn run(ops: Vec<Op>, owner_changes: bool) -> Result<(), TestCaseError> {
+    let mut fleet = Fleet::new(3, 2);
+    // Highest owner epoch each node has accepted, to prove stale grants change nothing.
+    for op in ops {
+        match op {
+            Op::Request { node, key, burst } => {
+                for _ in 0..burst {
+                    let d = fleet.request(node, key);
+                    if let Decision::Deny(denial) = d {
+                        prop_assert!(denial.wait_ms >= 1);
+                        prop_assert!(denial.reason != LimitReason::Backstop);
+                    }
+                }
+            }
+            Op::TickAll => {
+                for i in 0..fleet.nodes.len() {
+                    fleet.tick_node(i);
+                }
+                fleet.tick_owner();
+            }
+            Op::Advance { ms } => fleet.advance(u64::from(ms)),
+            Op::Deliver { idx } | Op::Duplicate { idx } => {
+                if fleet.in_flight.is_empty() {
+                    continue;
+                }
+                let keep = matches!(op, Op::Duplicate { .. });
+                let i = idx % fleet.in_flight.len();
+                let target = match &fleet.in_flight[i] {
+                    Msg::Grant(g) => fleet.nodes.iter().position(|n| n.node() == g.node),
+                    _ => None,
+                };
+                let stale = match (&fleet.in_flight[i], target) {
+                    (Msg::Grant(g), Some(t)) => {
+                        let seen = fleet.nodes[t].stats().grant_batches_stale_owner;
+                        Some((t, g.owner_epoch, seen))
+                    }
+                    _ => None,
+                };
+                let before = target.map(|t| lines(&fleet, t));
+                fleet.deliver(i, keep);
+                if let (Some((t, _, stale_before)), Some(before)) = (stale, before.clone()) {
+                    // A refused stale-epoch batch must leave the node's book untouched.
+                    if fleet.nodes[t].stats().grant_batches_stale_owner > stale_before {
+                        prop_assert_eq!(lines(&fleet, t), before);
+                    }
+                }
+                if keep && let (Some(t), Some(_)) = (target, before) {
+                    // Idempotence: delivering the very same grant batch again changes nothing.
+                    let after_first = lines(&fleet, t);
+                    fleet.deliver(i, false);
+                    prop_assert_eq!(lines(&fleet, t), after_first);
+                }
+            }
+            Op::Drop { idx } => fleet.drop_msg(idx),
+            Op::Restart { node } => fleet.restart(node),
+            Op::OwnerChange => fleet.change_owner(),
+        }
+        for n in fleet.nodes.iter_mut() {
+            prop_assert_eq!(n.check_invariants(), Ok(()));
+        }
+        prop_assert_eq!(fleet.owner.check_invariants(), Ok(()));
+        // Nothing beyond the allowance but what nodes gave themselves while the owner was
+        // silent (F4), across owner changes too (the takeover fence).
+        if let Err(e) = fleet.check_fleet_truth() {
+            return Err(TestCaseError::fail(format!("{e} (owner changes: {owner_changes})")));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn single_owner_never_overissues(ops in proptest::collection::vec(op(false), 1..400)) {
+        run(ops, false)?;
+    }
+
+    #[test]
+    fn owner_changes_keep_every_invariant(ops in proptest::collection::vec(op(true), 1..400)) {
+        run(ops, true)?;
+    }
+}
+
+/// A restarted node's spend is counted once: the owner sums the dead and the new epoch,
+/// and duplicated reports of either do not add again (C3, ADR-2).
+#[test]
+fn restarted_node_spend_is_counted_once() {
+    let mut fleet = Fleet::new(2, 1);
+    let settle = |fleet: &mut Fleet| {
+        for _ in 0..3 {
+            for i in 0..fleet.nodes.len() {
+                fleet.tick_node(i);
+            }
+            while !fleet.in_flight.is_empty() {
+                fleet.deliver(0, true);
+                fleet.deliver(0, false);
+            }
+            fleet.advance(25);
+        }
+    };
+    settle(&mut fleet);
+    // The first request of a new key takes the fast path; its grant arrives with the
+    // settle, and the next requests spend it.
+    for _ in 0..4 {
+        for _ in 0..5 {
+            fleet.request(0, 0);
+        }
+        settle(&mut fleet);
+    }
+    let kw = *fleet.nodes[0].key_windows().find(|kw| kw.window.length_ms == 60_000).unwrap();
+    let first_epoch_spend = fleet.nodes[0].line_for(&kw).unwrap().cumulative_spend;
+    assert!(first_epoch_spend > 0);
+    fleet.restart(0);
+    // The dead epoch's 1 s credit is orphaned until that window rolls over (C7); the 60 s
+    // window goes on, and its spend must add up across the two epochs.
+    fleet.advance(1_000);
+    settle(&mut fleet);
+    for _ in 0..4 {
+        for _ in 0..4 {
+            fleet.request(0, 0);
+        }
+        settle(&mut fleet);
+    }
+    let second_epoch_spend = fleet.nodes[0].line_for(&kw).unwrap().cumulative_spend;
+    assert!(second_epoch_spend > 0);
+    assert_eq!(fleet.owner.merged_spend(&kw), Some(first_epoch_spend + second_epoch_spend));
+}
+
