@@ -591,7 +591,8 @@ impl NodeLimiter {
         self.surface.for_each(|key, bucket| {
             let empty = bucket.slots.iter().flatten().all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
             if empty {
-                candidates.push((bucket.last_seen_round.load(std::sync::atomic::Ordering::Relaxed), key));
+                let idle_rounds = self.keys.get(&key).map(|t| t.idle_rounds).unwrap_or(u32::MAX);
+                candidates.push((std::cmp::Reverse(idle_rounds), key));
             }
         });
         candidates.sort_unstable();

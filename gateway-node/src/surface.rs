@@ -18,26 +18,59 @@ use crate::credit::{self, EMPTY_WORD};
 use crate::policy::KeyPolicy;
 use crate::window::{window_at, window_end_ms};
 
-/// One key's state on one node: a pair of credit words per window kind.
+/// Per window kind, what the request path needs to name the current window: its length
+/// and the key's phase offset, computed once at insert so a decision does one division
+/// per window instead of three.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct WindowMeta {
+    length_ms: u32,
+    offset_ms: u32,
+}
+
+impl WindowMeta {
+    #[inline]
+    fn window_at(self, wall_ms: u64) -> WindowId {
+        let number = wall_ms.saturating_sub(u64::from(self.offset_ms)) / u64::from(self.length_ms);
+        WindowId { length_ms: self.length_ms, number }
+    }
+}
+
+/// One key's state on one node: a pair of credit words per window kind. Laid out hot
+/// fields first (`repr(C)`): a two-window decision touches the first two cache lines only.
+#[repr(C)]
 pub struct KeyBucket {
-    pub(crate) policy: KeyPolicy,
-    pub(crate) slots: [[AtomicU64; 2]; PLAN_WINDOWS_MAX],
-    /// Requests seen, admitted or not: the reconciler turns it into demand (C4).
+    meta: [WindowMeta; PLAN_WINDOWS_MAX],
+    window_count: u32,
+    /// Requests seen, admitted or not: the reconciler turns it into demand (C4) and into
+    /// recency for eviction (D7).
     pub(crate) attempts: AtomicU64,
+    pub(crate) slots: [[AtomicU64; 2]; PLAN_WINDOWS_MAX],
     /// The round in which this key last took the fast path (D5: once per round).
     pub(crate) fast_path_round: AtomicU64,
-    pub(crate) last_seen_round: AtomicU64,
+    pub(crate) policy: KeyPolicy,
 }
 
 impl KeyBucket {
-    fn new(policy: KeyPolicy, round: u64) -> Self {
-        Self {
-            policy,
-            slots: std::array::from_fn(|_| [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]),
-            attempts: AtomicU64::new(0),
-            fast_path_round: AtomicU64::new(u64::MAX),
-            last_seen_round: AtomicU64::new(round),
+    fn new(key: KeyId, policy: KeyPolicy) -> Self {
+        let mut meta = [WindowMeta::default(); PLAN_WINDOWS_MAX];
+        for (m, w) in meta.iter_mut().zip(policy.windows()) {
+            // Offsets are < length_ms, which is a u32.
+            *m = WindowMeta { length_ms: w.length_ms, offset_ms: key.phase_offset_ms(w.length_ms) as u32 };
         }
+        Self {
+            meta,
+            window_count: policy.windows().len() as u32,
+            attempts: AtomicU64::new(0),
+            slots: std::array::from_fn(|_| [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]),
+            fast_path_round: AtomicU64::new(u64::MAX),
+            policy,
+        }
+    }
+
+    #[inline]
+    fn metas(&self) -> &[WindowMeta] {
+        &self.meta[..self.window_count as usize]
     }
 
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
@@ -257,8 +290,7 @@ impl DecisionSurface {
             self.stats.inserts_refused.fetch_add(1, Ordering::Relaxed);
             return self.fail_open(key, wall_ms, policy);
         }
-        let round = self.round.load(Ordering::Relaxed);
-        let bucket = self.buckets.entry(key).or_insert_with(|| KeyBucket::new(*policy, round)).downgrade();
+        let bucket = self.buckets.entry(key).or_insert_with(|| KeyBucket::new(key, *policy)).downgrade();
         self.decide_in(&bucket, key, wall_ms, flags, true, false)
     }
 
@@ -273,15 +305,11 @@ impl DecisionSurface {
         deadline_missed: bool,
     ) -> Decision {
         bucket.attempts.fetch_add(1, Ordering::Relaxed);
-        let round = self.round.load(Ordering::Relaxed);
-        if bucket.last_seen_round.load(Ordering::Relaxed) != round {
-            bucket.last_seen_round.store(round, Ordering::Relaxed);
-        }
-        let windows = bucket.policy.windows();
+        let metas = bucket.metas();
         let mut charged = 0usize;
         let mut failed = None;
-        for (i, spec) in windows.iter().enumerate() {
-            let w = window_at(key, spec.length_ms, wall_ms);
+        for (i, meta) in metas.iter().enumerate() {
+            let w = meta.window_at(wall_ms);
             if credit::try_charge(bucket.word(i, w), credit::tag_of(w.number)).is_err() {
                 failed = Some(i);
                 break;
@@ -291,10 +319,11 @@ impl DecisionSurface {
         let Some(first_short) = failed else {
             return Decision::Admit;
         };
-        for (i, spec) in windows.iter().enumerate().take(charged) {
-            let w = window_at(key, spec.length_ms, wall_ms);
+        for (i, meta) in metas.iter().enumerate().take(charged) {
+            let w = meta.window_at(wall_ms);
             credit::refund(bucket.word(i, w), credit::tag_of(w.number));
         }
+        let round = self.round.load(Ordering::Relaxed);
         self.deny_or_fast_path(bucket, key, wall_ms, flags, first_short, fast_path_allowed, deadline_missed, round)
     }
 
