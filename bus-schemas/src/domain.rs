@@ -63,7 +63,10 @@ impl KeyId {
         }
         let mut digest = [0u8; 16];
         digest.copy_from_slice(&bytes[1..]);
-        Some(Self { version: bytes[0], digest: u128::from_be_bytes(digest) })
+        Some(Self {
+            version: bytes[0],
+            digest: u128::from_be_bytes(digest),
+        })
     }
 
     /// 64 well-mixed bits: the digest is already an HMAC output.
@@ -218,7 +221,9 @@ pub struct FastPathRequest {
 pub enum FastPathOutcome {
     Granted(GrantEntry),
     /// The key-window is exhausted, or the reserve was already released this window (C5).
-    Refused { exhausted: bool },
+    Refused {
+        exhausted: bool,
+    },
     /// The owner is rebuilding its ledger or withholding this node (C8, F4).
     Withheld,
 }

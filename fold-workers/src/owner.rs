@@ -2,8 +2,8 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 use bus_schemas::{
-    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyWindow, NodeEpoch, NodeId, Now,
-    OwnerEpoch, ReportBatch, ReportEntry, ShardId,
+    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyWindow, NodeEpoch,
+    NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
 };
 
 type DetMap<K, V> = HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
@@ -72,8 +72,15 @@ impl OwnerConfig {
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum OwnerInvariantError {
-    #[error("{kw:?}: issued credit {issued} net of returns exceeds allowance {allowance} less unreleased reserve {reserve}")]
-    OverIssued { kw: KeyWindow, issued: u64, allowance: u64, reserve: u64 },
+    #[error(
+        "{kw:?}: issued credit {issued} net of returns exceeds allowance {allowance} less unreleased reserve {reserve}"
+    )]
+    OverIssued {
+        kw: KeyWindow,
+        issued: u64,
+        allowance: u64,
+        reserve: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -130,13 +137,24 @@ struct Ledger {
 
 impl Ledger {
     fn reserve_held(&self, config: &OwnerConfig) -> u64 {
-        if self.reserve_released { 0 } else { config.reserve(self.allowance) }
+        if self.reserve_released {
+            0
+        } else {
+            config.reserve(self.allowance)
+        }
     }
 
     fn issued_net(&self) -> u64 {
-        self.lines.values().map(|l| l.issued()).sum::<u64>().saturating_sub(
-            self.lines.values().map(|l| l.returned.min(l.issued() + l.self_granted)).sum::<u64>(),
-        )
+        self.lines
+            .values()
+            .map(|l| l.issued())
+            .sum::<u64>()
+            .saturating_sub(
+                self.lines
+                    .values()
+                    .map(|l| l.returned.min(l.issued() + l.self_granted))
+                    .sum::<u64>(),
+            )
     }
 
     /// Everything that may still be or has been spent: owner credit, self-grants, and in
@@ -149,7 +167,8 @@ impl Ledger {
             .sum();
         let unseen_shares = match config.mode {
             OwnerMode::Fixed => {
-                u64::from(config.fleet_size.saturating_sub(self.fixed_nodes_seen)) * config.fixed_share(self.allowance)
+                u64::from(config.fleet_size.saturating_sub(self.fixed_nodes_seen))
+                    * config.fixed_share(self.allowance)
             }
             OwnerMode::Leasing => 0,
         };
@@ -157,7 +176,8 @@ impl Ledger {
     }
 
     fn available(&self, config: &OwnerConfig) -> u64 {
-        self.allowance.saturating_sub(self.reserve_held(config) + self.committed(config))
+        self.allowance
+            .saturating_sub(self.reserve_held(config) + self.committed(config))
     }
 }
 
@@ -226,20 +246,29 @@ impl FoldOwner {
             return false;
         }
         let all_acked = self.acked.len() as u32 >= self.config.fleet_size;
-        let gave_up = self.config.takeover_ack_timeout_ms.is_some_and(|t| now.mono_ms >= self.started_mono_ms + t);
+        let gave_up = self
+            .config
+            .takeover_ack_timeout_ms
+            .is_some_and(|t| now.mono_ms >= self.started_mono_ms + t);
         !(all_acked || gave_up && self.acked.contains(&node))
     }
 
     fn withheld(&self, node: NodeId, now: Now) -> bool {
         self.halted.is_some()
             || self.fenced(node, now)
-            || self.nodes.get(&node).is_some_and(|n| now.mono_ms < n.withheld_until_mono_ms)
+            || self
+                .nodes
+                .get(&node)
+                .is_some_and(|n| now.mono_ms < n.withheld_until_mono_ms)
     }
 
     fn see_node(&mut self, node: NodeId, now: Now) {
         let absent_ms = self.config.absent_after_rounds * self.round_ms();
         let withhold_ms = self.config.withhold_rounds * self.round_ms();
-        let seen = self.nodes.entry(node).or_insert(NodeSeen { last_seen_mono_ms: now.mono_ms, withheld_until_mono_ms: 0 });
+        let seen = self.nodes.entry(node).or_insert(NodeSeen {
+            last_seen_mono_ms: now.mono_ms,
+            withheld_until_mono_ms: 0,
+        });
         if now.mono_ms.saturating_sub(seen.last_seen_mono_ms) > absent_ms {
             // C8: it may have self-granted while away; grant nothing until a full round of
             // its reports has shown what it holds.
@@ -250,7 +279,14 @@ impl FoldOwner {
 
     /// Merge one report line (C3): max-sequence-wins within a node epoch, lines of
     /// different epochs are kept apart and summed. Returns false if the ledger is full.
-    fn merge(&mut self, node: NodeId, epoch: NodeEpoch, seq: u64, entry: &ReportEntry, now: Now) -> bool {
+    fn merge(
+        &mut self,
+        node: NodeId,
+        epoch: NodeEpoch,
+        seq: u64,
+        entry: &ReportEntry,
+        now: Now,
+    ) -> bool {
         let kw = entry.key_window;
         if !self.ledgers.contains_key(&kw) {
             if self.ledgers.len() >= self.config.ledgers_cap {
@@ -279,7 +315,8 @@ impl FoldOwner {
             self.stats.entries_stale += 1;
             return true;
         }
-        let new_self_grant = entry.self_granted > line.self_granted && self.config.mode == OwnerMode::Leasing;
+        let new_self_grant =
+            entry.self_granted > line.self_granted && self.config.mode == OwnerMode::Leasing;
         line.seq = seq;
         line.spend = line.spend.max(entry.cumulative_spend);
         line.demand = entry.demand;
@@ -322,17 +359,31 @@ impl FoldOwner {
             self.stats.withheld += 1;
         } else if self.config.mode == OwnerMode::Leasing {
             for entry in &batch.entries {
-                if let Some(g) = self.size_grant(now, batch.node, batch.node_epoch, entry.key_window, false) {
+                if let Some(g) =
+                    self.size_grant(now, batch.node, batch.node_epoch, entry.key_window, false)
+                {
                     grants.push(g);
                 }
             }
         }
-        self.outbox.push_back(GrantBatch { owner_epoch: self.epoch, shard: self.config.shard, node: batch.node, entries: grants });
+        self.outbox.push_back(GrantBatch {
+            owner_epoch: self.epoch,
+            shard: self.config.shard,
+            node: batch.node,
+            entries: grants,
+        });
     }
 
     /// C4: top a node up to `h x demand x lead` of outstanding credit, from what is left
     /// of the allowance; when the wants of all nodes exceed it, split it in proportion.
-    fn size_grant(&mut self, now: Now, node: NodeId, epoch: NodeEpoch, kw: KeyWindow, fast: bool) -> Option<GrantEntry> {
+    fn size_grant(
+        &mut self,
+        now: Now,
+        node: NodeId,
+        epoch: NodeEpoch,
+        kw: KeyWindow,
+        fast: bool,
+    ) -> Option<GrantEntry> {
         let window_end = bus_window_end(kw);
         if now.wall_ms >= window_end {
             return None;
@@ -340,7 +391,8 @@ impl FoldOwner {
         let config = self.config.clone();
         let ledger = self.ledgers.get_mut(&kw)?;
         let want_of = |l: &Line| -> u64 {
-            let target = (l.demand * config.headroom_permille * config.lead_rounds).div_ceil(1_000_000);
+            let target =
+                (l.demand * config.headroom_permille * config.lead_rounds).div_ceil(1_000_000);
             target.saturating_sub(l.outstanding())
         };
         let line = *ledger.lines.get(&(node, epoch))?;
@@ -352,7 +404,11 @@ impl FoldOwner {
             return None;
         }
         let mut available = ledger.available(&config);
-        if fast && available < want && !ledger.reserve_released && config.reserve(ledger.allowance) > 0 {
+        if fast
+            && available < want
+            && !ledger.reserve_released
+            && config.reserve(ledger.allowance) > 0
+        {
             // C5: the reserve goes once per key-window, only through the fast path.
             ledger.reserve_released = true;
             self.stats.reserve_released += 1;
@@ -360,7 +416,8 @@ impl FoldOwner {
         }
         let total_want: u64 = ledger.lines.values().map(want_of).sum::<u64>().max(want);
         let grant = if total_want > available {
-            ((u128::from(available) * u128::from(want) / u128::from(total_want)) as u64).max(u64::from(available > 0))
+            ((u128::from(available) * u128::from(want) / u128::from(total_want)) as u64)
+                .max(u64::from(available > 0))
         } else {
             want
         }
@@ -392,15 +449,26 @@ impl FoldOwner {
     pub fn handle_fast_path_request(&mut self, now: Now, req: &FastPathRequest) -> FastPathReply {
         self.stats.fast_path_requests += 1;
         let (owner_epoch, shard, request_id) = (self.epoch, self.config.shard, req.request_id);
-        let reply = |outcome| FastPathReply { owner_epoch, shard, request_id, outcome };
-        if req.shard != self.config.shard || req.entry.key_window.shard(self.config.shards) != self.config.shard {
+        let reply = |outcome| FastPathReply {
+            owner_epoch,
+            shard,
+            request_id,
+            outcome,
+        };
+        if req.shard != self.config.shard
+            || req.entry.key_window.shard(self.config.shards) != self.config.shard
+        {
             self.stats.batches_misrouted += 1;
             return reply(FastPathOutcome::Withheld);
         }
         self.see_node(req.node, now);
         // The request's line is a consistent snapshot; merge it as the newest we have, at
         // the same sequence as the last report so the next report still supersedes it.
-        let seq = self.ledgers.get(&req.entry.key_window).and_then(|l| l.lines.get(&(req.node, req.node_epoch))).map(|l| l.seq);
+        let seq = self
+            .ledgers
+            .get(&req.entry.key_window)
+            .and_then(|l| l.lines.get(&(req.node, req.node_epoch)))
+            .map(|l| l.seq);
         self.merge(req.node, req.node_epoch, seq.unwrap_or(0), &req.entry, now);
         if let Some(line) = self
             .ledgers
@@ -421,7 +489,10 @@ impl FoldOwner {
                 reply(FastPathOutcome::Granted(g))
             }
             None => {
-                let exhausted = self.ledgers.get(&req.entry.key_window).is_some_and(|l| l.available(&self.config) == 0);
+                let exhausted = self
+                    .ledgers
+                    .get(&req.entry.key_window)
+                    .is_some_and(|l| l.available(&self.config) == 0);
                 reply(FastPathOutcome::Refused { exhausted })
             }
         }
@@ -433,7 +504,8 @@ impl FoldOwner {
     pub fn handle_tick(&mut self, now: Now) {
         let keep_ms = 2 * self.round_ms();
         let before = self.ledgers.len();
-        self.ledgers.retain(|kw, _| bus_window_end(*kw) + keep_ms > now.wall_ms);
+        self.ledgers
+            .retain(|kw, _| bus_window_end(*kw) + keep_ms > now.wall_ms);
         self.stats.reaped += (before - self.ledgers.len()) as u64;
     }
 
@@ -443,12 +515,18 @@ impl FoldOwner {
 
     /// What this owner has issued to a node epoch for a key-window (tests).
     pub fn issued_to(&self, kw: &KeyWindow, node: NodeId, epoch: NodeEpoch) -> Option<u64> {
-        self.ledgers.get(kw)?.lines.get(&(node, epoch)).map(|l| l.granted)
+        self.ledgers
+            .get(kw)?
+            .lines
+            .get(&(node, epoch))
+            .map(|l| l.granted)
     }
 
     /// The merged spend of a key-window across every node epoch (C3).
     pub fn merged_spend(&self, kw: &KeyWindow) -> Option<u64> {
-        self.ledgers.get(kw).map(|l| l.lines.values().map(|x| x.spend).sum())
+        self.ledgers
+            .get(kw)
+            .map(|l| l.lines.values().map(|x| x.spend).sum())
     }
 
     pub fn check_invariants(&mut self) -> Result<(), OwnerInvariantError> {
@@ -466,11 +544,20 @@ fn config_reserve(config: &OwnerConfig, allowance: u64) -> u64 {
     config.reserve(allowance)
 }
 
-fn check_ledger(config: &OwnerConfig, kw: &KeyWindow, ledger: &Ledger) -> Result<(), OwnerInvariantError> {
+fn check_ledger(
+    config: &OwnerConfig,
+    kw: &KeyWindow,
+    ledger: &Ledger,
+) -> Result<(), OwnerInvariantError> {
     let issued = ledger.issued_net();
     let reserve = ledger.reserve_held(config);
     if issued + reserve > ledger.allowance {
-        return Err(OwnerInvariantError::OverIssued { kw: *kw, issued, allowance: ledger.allowance, reserve });
+        return Err(OwnerInvariantError::OverIssued {
+            kw: *kw,
+            issued,
+            allowance: ledger.allowance,
+            reserve,
+        });
     }
     Ok(())
 }

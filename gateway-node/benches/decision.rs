@@ -31,7 +31,16 @@ fn key_sequence() -> Vec<u64> {
 }
 
 fn bench_decision(c: &mut Criterion) {
-    let windows = [WindowSpec { length_ms: 1_000, limit: 1 << 38 }, WindowSpec { length_ms: 60_000, limit: 1 << 39 }];
+    let windows = [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 1 << 38,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 1 << 39,
+        },
+    ];
     let (mut node, policy) = fixed_node(&windows, 200_000);
     let surface = node.surface().clone();
     for i in 0..KEYS {
@@ -39,7 +48,10 @@ fn bench_decision(c: &mut Criterion) {
     }
     node.handle_tick(T0);
     let keys: Vec<_> = key_sequence().into_iter().map(key).collect();
-    assert!(keys.iter().all(|k| surface.decide(*k, T0.wall_ms, &policy) == Decision::Admit));
+    assert!(
+        keys.iter()
+            .all(|k| surface.decide(*k, T0.wall_ms, &policy) == Decision::Admit)
+    );
 
     let mut group = c.benchmark_group("decision_1e5_keys");
     group.throughput(Throughput::Elements(1));

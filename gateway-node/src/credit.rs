@@ -56,7 +56,10 @@ pub fn word_exhausted(word: u64) -> bool {
 #[inline]
 pub fn pack(tag: u64, exhausted: bool, credit: u64) -> u64 {
     debug_assert!(tag <= TAG_EMPTY);
-    assert!(credit <= CREDIT_MAX, "credit {credit} exceeds the 40-bit word");
+    assert!(
+        credit <= CREDIT_MAX,
+        "credit {credit} exceeds the 40-bit word"
+    );
     (tag << TAG_SHIFT) | if exhausted { EXHAUSTED_BIT } else { 0 } | credit
 }
 
@@ -173,7 +176,11 @@ mod tests {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 let word = Arc::clone(&word);
-                std::thread::spawn(move || (0..5_000).filter(|_| try_charge(&word, tag_of(1)).is_ok()).count())
+                std::thread::spawn(move || {
+                    (0..5_000)
+                        .filter(|_| try_charge(&word, tag_of(1)).is_ok())
+                        .count()
+                })
             })
             .collect();
         let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();

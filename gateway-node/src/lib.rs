@@ -23,7 +23,9 @@ pub mod retry;
 pub mod surface;
 pub mod window;
 
-pub use limiter::{LinkHealth, Mode, NodeConfig, NodeInvariantError, NodeLimiter, NodeStats, Transmit};
+pub use limiter::{
+    LinkHealth, Mode, NodeConfig, NodeInvariantError, NodeLimiter, NodeStats, Transmit,
+};
 pub use policy::{KeyPolicy, PolicyError, PolicyIndex};
 pub use retry::RetryAfter;
 pub use surface::{Decision, DecisionSurface, Denial, FastPathNeed, SurfaceConfig};

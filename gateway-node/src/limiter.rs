@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use bus_schemas::limits::{PLAN_WINDOWS_MAX, REPORT_ENTRIES_MAX};
 use bus_schemas::{
-    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyId, KeyWindow, NodeEpoch, NodeId, Now,
-    OwnerEpoch, ReportBatch, ReportEntry, ShardId, WindowId,
+    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyId, KeyWindow,
+    NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId, WindowId,
 };
 
 use crate::credit;
@@ -104,11 +104,27 @@ pub enum Transmit {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NodeInvariantError {
     #[error("{kw:?}: spend went backwards from {before} to {after}")]
-    SpendWentBackwards { kw: KeyWindow, before: u64, after: u64 },
-    #[error("{kw:?}: spend {spend} + held {held} + returned {returned} exceeds credit received {received}")]
-    CreditOverspent { kw: KeyWindow, spend: u64, held: u64, returned: u64, received: u64 },
+    SpendWentBackwards {
+        kw: KeyWindow,
+        before: u64,
+        after: u64,
+    },
+    #[error(
+        "{kw:?}: spend {spend} + held {held} + returned {returned} exceeds credit received {received}"
+    )]
+    CreditOverspent {
+        kw: KeyWindow,
+        spend: u64,
+        held: u64,
+        returned: u64,
+        received: u64,
+    },
     #[error("{kw:?}: applied grant {applied} exceeds allowance {allowance} plus credit returned")]
-    GrantAboveAllowance { kw: KeyWindow, applied: u64, allowance: u64 },
+    GrantAboveAllowance {
+        kw: KeyWindow,
+        applied: u64,
+        allowance: u64,
+    },
     #[error("{kw:?}: record says installed but the word holds another window")]
     WordMismatch { kw: KeyWindow },
 }
@@ -238,12 +254,20 @@ pub enum LinkHealth {
 impl NodeLimiter {
     /// A node starts a new epoch with zero credit (C9); `epoch` must exceed every epoch
     /// this node id used before (the runtime takes it from a durable counter).
-    pub fn new(config: NodeConfig, surface: Arc<DecisionSurface>, epoch: NodeEpoch, now: Now) -> Self {
+    pub fn new(
+        config: NodeConfig,
+        surface: Arc<DecisionSurface>,
+        epoch: NodeEpoch,
+        now: Now,
+    ) -> Self {
         assert!(config.fleet_size > 0 && config.shards > 0 && config.round_ms > 0);
         assert!(config.reserve_permille < 1_000);
         assert!(epoch > NodeEpoch(0), "epoch 0 means none");
         let links = (0..config.shards)
-            .map(|_| ShardLink { owner_epoch_seen: OwnerEpoch(0), last_contact_mono_ms: now.mono_ms })
+            .map(|_| ShardLink {
+                owner_epoch_seen: OwnerEpoch(0),
+                last_contact_mono_ms: now.mono_ms,
+            })
             .collect();
         surface.publish_round(0, now.wall_ms, now.wall_ms + u64::from(config.round_ms));
         let limiter = Self {
@@ -284,10 +308,14 @@ impl NodeLimiter {
     }
 
     pub fn link_health(&self, shard: ShardId, now: Now) -> LinkHealth {
-        let silent_ms = now.mono_ms.saturating_sub(self.links[shard.0 as usize].last_contact_mono_ms);
+        let silent_ms = now
+            .mono_ms
+            .saturating_sub(self.links[shard.0 as usize].last_contact_mono_ms);
         if silent_ms >= self.config.degraded_after_ms {
             LinkHealth::Degraded
-        } else if silent_ms >= u64::from(self.config.missed_rounds_limit) * u64::from(self.config.round_ms) {
+        } else if silent_ms
+            >= u64::from(self.config.missed_rounds_limit) * u64::from(self.config.round_ms)
+        {
             LinkHealth::Silent
         } else {
             LinkHealth::Healthy
@@ -312,14 +340,19 @@ impl NodeLimiter {
     pub fn handle_tick(&mut self, now: Now) {
         self.round += 1;
         self.stats.rounds += 1;
-        self.surface.publish_round(self.round, now.wall_ms, now.wall_ms + u64::from(self.config.round_ms));
+        self.surface.publish_round(
+            self.round,
+            now.wall_ms,
+            now.wall_ms + u64::from(self.config.round_ms),
+        );
         self.publish_health(now);
         self.close_ended_windows(now);
         self.scan_surface(now);
         self.write_reports(now);
         self.evict_if_over_cap();
         let expiry_ms = 4 * u64::from(self.config.round_ms);
-        self.pending.retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
+        self.pending
+            .retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
     }
 
     /// Close every window that has ended, fixing its spend; reap closed records once their
@@ -339,14 +372,25 @@ impl NodeLimiter {
                     }
                 }
                 Place::Off { credit } => {
-                    rec.place = Place::Closed { spend: rec.received() - rec.returned - credit };
+                    rec.place = Place::Closed {
+                        spend: rec.received() - rec.returned - credit,
+                    };
                 }
                 Place::Live => {
                     let taken = surface
                         .get(&kw.key)
-                        .and_then(|b| credit::drain(b.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number)))
-                        .expect("a live record's word holds its window (checked by check_invariants)");
-                    rec.place = Place::Closed { spend: rec.received() - rec.returned - taken };
+                        .and_then(|b| {
+                            credit::drain(
+                                b.word(usize::from(rec.slot), kw.window),
+                                credit::tag_of(kw.window.number),
+                            )
+                        })
+                        .expect(
+                            "a live record's word holds its window (checked by check_invariants)",
+                        );
+                    rec.place = Place::Closed {
+                        spend: rec.received() - rec.returned - taken,
+                    };
                     if let Some(track) = self.keys.get_mut(&kw.key) {
                         let p = credit::parity(kw.window.number);
                         if track.installed[usize::from(rec.slot)][p] == Some(kw.window.number) {
@@ -378,12 +422,19 @@ impl NodeLimiter {
             } else {
                 track.demand_milli - (track.demand_milli - sample) / 8
             };
-            track.idle_rounds = if delta == 0 { track.idle_rounds.saturating_add(1) } else { 0 };
+            track.idle_rounds = if delta == 0 {
+                track.idle_rounds.saturating_add(1)
+            } else {
+                0
+            };
             let active = delta > 0 || track.demand_milli > 0;
             let idle = track.idle_rounds >= self.config.idle_return_rounds;
             for (slot, spec) in bucket.policy().windows().iter().enumerate() {
                 let current = window_at(key, spec.length_ms, now.wall_ms);
-                let kw = KeyWindow { key, window: current };
+                let kw = KeyWindow {
+                    key,
+                    window: current,
+                };
                 if active || self.records.contains_key(&kw) {
                     self.ensure_record(now, kw, slot, spec.limit);
                     self.install(key, bucket, kw);
@@ -391,8 +442,12 @@ impl NodeLimiter {
                         self.return_idle_credit(now, bucket, kw);
                     }
                 }
-                let next = KeyWindow { key, window: next_window(current) };
-                let near_end = window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
+                let next = KeyWindow {
+                    key,
+                    window: next_window(current),
+                };
+                let near_end =
+                    window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
                 if (near_end && active) || self.records.contains_key(&next) {
                     self.ensure_record(now, next, slot, spec.limit);
                     self.install(key, bucket, next);
@@ -420,7 +475,13 @@ impl NodeLimiter {
         self.insert_record(kw, slot, allowance, self_granted)
     }
 
-    fn insert_record(&mut self, kw: KeyWindow, slot: usize, allowance: u64, self_granted: u64) -> bool {
+    fn insert_record(
+        &mut self,
+        kw: KeyWindow,
+        slot: usize,
+        allowance: u64,
+        self_granted: u64,
+    ) -> bool {
         if self.records.len() >= self.config.records_cap {
             self.stats.records_refused += 1;
             return false;
@@ -436,7 +497,9 @@ impl NodeLimiter {
                 owner_epoch: OwnerEpoch(0),
                 grant_seq: 0,
                 exhausted: false,
-                place: Place::Off { credit: self_granted },
+                place: Place::Off {
+                    credit: self_granted,
+                },
                 last_reported: None,
                 rounds_since_report: 0,
                 closed_reports_sent: 0,
@@ -449,22 +512,40 @@ impl NodeLimiter {
     /// Move a record's credit into its credit word, closing whatever older window the word
     /// still held (that window ended at least one window ago: parity alternates).
     fn install(&mut self, key: KeyId, bucket: &KeyBucket, kw: KeyWindow) {
-        let Some(rec) = self.records.get(&kw) else { return };
-        let Place::Off { credit: off_credit } = rec.place else { return };
+        let Some(rec) = self.records.get(&kw) else {
+            return;
+        };
+        let Place::Off { credit: off_credit } = rec.place else {
+            return;
+        };
         let slot = usize::from(rec.slot);
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = self.keys.entry(key).or_default();
         if let Some(older) = track.installed[slot][p].filter(|n| *n != kw.window.number) {
-            let older_kw = KeyWindow { key, window: WindowId { length_ms: kw.window.length_ms, number: older } };
-            let taken = credit::drain(bucket.word(slot, older_kw.window), credit::tag_of(older)).unwrap_or(0);
+            let older_kw = KeyWindow {
+                key,
+                window: WindowId {
+                    length_ms: kw.window.length_ms,
+                    number: older,
+                },
+            };
+            let taken = credit::drain(bucket.word(slot, older_kw.window), credit::tag_of(older))
+                .unwrap_or(0);
             if let Some(old) = self.records.get_mut(&older_kw)
                 && old.place == Place::Live
             {
-                old.place = Place::Closed { spend: old.received() - old.returned - taken };
+                old.place = Place::Closed {
+                    spend: old.received() - old.returned - taken,
+                };
             }
         }
         track.installed[slot][p] = Some(kw.window.number);
-        credit::install(bucket.word(slot, kw.window), credit::tag_of(kw.window.number), off_credit, exhausted);
+        credit::install(
+            bucket.word(slot, kw.window),
+            credit::tag_of(kw.window.number),
+            off_credit,
+            exhausted,
+        );
         if let Some(rec) = self.records.get_mut(&kw) {
             rec.place = Place::Live;
         }
@@ -476,12 +557,17 @@ impl NodeLimiter {
         if self.link_health(kw.shard(self.config.shards), now) != LinkHealth::Healthy {
             return;
         }
-        let Some(rec) = self.records.get_mut(&kw) else { return };
+        let Some(rec) = self.records.get_mut(&kw) else {
+            return;
+        };
         if rec.place != Place::Live {
             return;
         }
-        let taken =
-            credit::drain(bucket.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number)).unwrap_or(0);
+        let taken = credit::drain(
+            bucket.word(usize::from(rec.slot), kw.window),
+            credit::tag_of(kw.window.number),
+        )
+        .unwrap_or(0);
         rec.returned += taken;
         self.stats.credit_returned += taken;
     }
@@ -492,7 +578,11 @@ impl NodeLimiter {
             // Saturating: a broken book must reach check_invariants, not panic here.
             Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
             Place::Live => {
-                let held = self.surface.get(&kw.key).map(|b| b.credit_in(usize::from(rec.slot), kw.window)).unwrap_or(0);
+                let held = self
+                    .surface
+                    .get(&kw.key)
+                    .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
+                    .unwrap_or(0);
                 (held, rec.received().saturating_sub(rec.returned + held))
             }
             Place::Closed { spend } => (0, spend),
@@ -531,7 +621,8 @@ impl NodeLimiter {
             let due = if closed {
                 rec.closed_reports_sent < self.config.closed_reports
             } else {
-                rec.last_reported != Some(reported) || rec.rounds_since_report + 1 >= self.config.refresh_rounds
+                rec.last_reported != Some(reported)
+                    || rec.rounds_since_report + 1 >= self.config.refresh_rounds
             };
             if due {
                 per_shard[kw.shard(self.config.shards).0 as usize].push(line);
@@ -589,9 +680,16 @@ impl NodeLimiter {
         let target = cap - cap / 5;
         let mut candidates = Vec::new();
         self.surface.for_each(|key, bucket| {
-            let empty = bucket.slots.iter().flatten().all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
+            let empty =
+                bucket.slots.iter().flatten().all(|w| {
+                    credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0
+                });
             if empty {
-                let idle_rounds = self.keys.get(&key).map(|t| t.idle_rounds).unwrap_or(u32::MAX);
+                let idle_rounds = self
+                    .keys
+                    .get(&key)
+                    .map(|t| t.idle_rounds)
+                    .unwrap_or(u32::MAX);
                 candidates.push((std::cmp::Reverse(idle_rounds), key));
             }
         });
@@ -600,7 +698,10 @@ impl NodeLimiter {
         let mut evicted = std::collections::HashSet::new();
         for (_, key) in candidates.into_iter().take(excess) {
             let gone = self.surface.evict_if(&key, |b| {
-                b.slots.iter().flatten().all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0)
+                b.slots
+                    .iter()
+                    .flatten()
+                    .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0)
             });
             if gone {
                 self.stats.evictions += 1;
@@ -624,18 +725,30 @@ impl NodeLimiter {
     /// Returns how many requests went out (one per short window, each to its own owner);
     /// 0 means the caller should decide at once, as no owner is reachable (F2).
     pub fn handle_fast_path_need(&mut self, now: Now, need: FastPathNeed) -> usize {
-        let Some(bucket) = self.surface.get(&need.key) else { return 0 };
-        let windows: Vec<(usize, u32, u64)> =
-            bucket.policy().windows().iter().enumerate().map(|(i, w)| (i, w.length_ms, w.limit)).collect();
+        let Some(bucket) = self.surface.get(&need.key) else {
+            return 0;
+        };
+        let windows: Vec<(usize, u32, u64)> = bucket
+            .policy()
+            .windows()
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (i, w.length_ms, w.limit))
+            .collect();
         drop(bucket);
         let mut sent = 0;
         for (slot, length_ms, limit) in windows {
             if need.short_windows & (1 << slot) == 0 {
                 continue;
             }
-            let kw = KeyWindow { key: need.key, window: window_at(need.key, length_ms, now.wall_ms) };
+            let kw = KeyWindow {
+                key: need.key,
+                window: window_at(need.key, length_ms, now.wall_ms),
+            };
             let shard = kw.shard(self.config.shards);
-            if self.link_health(shard, now) != LinkHealth::Healthy || self.pending.len() >= self.config.pending_fast_path_cap {
+            if self.link_health(shard, now) != LinkHealth::Healthy
+                || self.pending.len() >= self.config.pending_fast_path_cap
+            {
                 self.stats.fast_path_unreachable += 1;
                 continue;
             }
@@ -650,7 +763,13 @@ impl NodeLimiter {
             let entry = self.line(&kw, rec);
             let request_id = self.next_request_id;
             self.next_request_id += 1;
-            self.pending.insert(request_id, PendingFastPath { kw, sent_mono_ms: now.mono_ms });
+            self.pending.insert(
+                request_id,
+                PendingFastPath {
+                    kw,
+                    sent_mono_ms: now.mono_ms,
+                },
+            );
             self.outbox.push_back(Transmit::FastPath(FastPathRequest {
                 node: self.config.node,
                 node_epoch: self.epoch,
@@ -667,7 +786,9 @@ impl NodeLimiter {
 
     pub fn handle_fast_path_reply(&mut self, now: Now, reply: &FastPathReply) {
         let pending = self.pending.remove(&reply.request_id);
-        if reply.shard.0 >= self.config.shards || !self.accept_owner_epoch(now, reply.shard, reply.owner_epoch) {
+        if reply.shard.0 >= self.config.shards
+            || !self.accept_owner_epoch(now, reply.shard, reply.owner_epoch)
+        {
             return;
         }
         match reply.outcome {
@@ -690,12 +811,19 @@ impl NodeLimiter {
     }
 
     fn mark_exhausted(&mut self, kw: KeyWindow) {
-        let Some(rec) = self.records.get_mut(&kw) else { return };
+        let Some(rec) = self.records.get_mut(&kw) else {
+            return;
+        };
         rec.exhausted = true;
         if rec.place == Place::Live
             && let Some(bucket) = self.surface.get(&kw.key)
         {
-            credit::add_credit(bucket.word(usize::from(rec.slot), kw.window), credit::tag_of(kw.window.number), 0, true);
+            credit::add_credit(
+                bucket.word(usize::from(rec.slot), kw.window),
+                credit::tag_of(kw.window.number),
+                0,
+                true,
+            );
         }
     }
 
@@ -745,13 +873,20 @@ impl NodeLimiter {
             // pre-grant for the next window); it needs the key's bucket to know the slot.
             let slot = self.surface.get(&kw.key).and_then(|b| {
                 let windows = b.policy().windows();
-                windows.iter().position(|w| w.length_ms == kw.window.length_ms).map(|i| (i, windows[i].limit))
+                windows
+                    .iter()
+                    .position(|w| w.length_ms == kw.window.length_ms)
+                    .map(|i| (i, windows[i].limit))
             });
             let Some((slot, allowance)) = slot else {
                 self.stats.grants_orphaned += 1;
                 return false;
             };
-            let self_granted = if self.config.mode == Mode::Fixed { self.config.fixed_share(allowance) } else { 0 };
+            let self_granted = if self.config.mode == Mode::Fixed {
+                self.config.fixed_share(allowance)
+            } else {
+                0
+            };
             if !self.insert_record(kw, slot, allowance, self_granted) {
                 return false;
             }
@@ -774,12 +909,20 @@ impl NodeLimiter {
         rec.applied_grant = rec.applied_grant.max(entry.credit_total);
         self.stats.grants_applied += 1;
         match rec.place {
-            Place::Off { credit } => rec.place = Place::Off { credit: credit + delta },
+            Place::Off { credit } => {
+                rec.place = Place::Off {
+                    credit: credit + delta,
+                }
+            }
             Place::Live => {
                 let slot = usize::from(rec.slot);
                 if let Some(bucket) = self.surface.get(&kw.key) {
-                    let added =
-                        credit::add_credit(bucket.word(slot, kw.window), credit::tag_of(kw.window.number), delta, entry.exhausted);
+                    let added = credit::add_credit(
+                        bucket.word(slot, kw.window),
+                        credit::tag_of(kw.window.number),
+                        delta,
+                        entry.exhausted,
+                    );
                     assert!(added, "{kw:?}: live record's word holds another window");
                 }
             }
@@ -822,7 +965,9 @@ impl NodeLimiter {
             }
             if rec.place == Place::Live {
                 let ours = self.surface.get(&kw.key).is_some_and(|b| {
-                    let w = b.word(usize::from(rec.slot), kw.window).load(std::sync::atomic::Ordering::Acquire);
+                    let w = b
+                        .word(usize::from(rec.slot), kw.window)
+                        .load(std::sync::atomic::Ordering::Acquire);
                     credit::word_tag(w) == credit::tag_of(kw.window.number)
                 });
                 if !ours {

@@ -34,7 +34,10 @@ impl KeyPolicy {
             return Err(PolicyError::WindowCount(windows.len()));
         }
         let min_ms = round_ms * MIN_WINDOW_ROUNDS;
-        let mut out = [WindowSpec { length_ms: 0, limit: 0 }; PLAN_WINDOWS_MAX];
+        let mut out = [WindowSpec {
+            length_ms: 0,
+            limit: 0,
+        }; PLAN_WINDOWS_MAX];
         for (i, w) in windows.iter().enumerate() {
             if w.length_ms < min_ms {
                 return Err(PolicyError::WindowTooShort(w.length_ms, min_ms));
@@ -44,7 +47,10 @@ impl KeyPolicy {
             }
             out[i] = *w;
         }
-        Ok(Self { windows: out, window_count: windows.len() as u8 })
+        Ok(Self {
+            windows: out,
+            window_count: windows.len() as u8,
+        })
     }
 
     pub fn windows(&self) -> &[WindowSpec] {
@@ -79,13 +85,18 @@ impl PolicyIndex {
         let mut keys = HashMap::with_capacity(snapshot.keys.len());
         for a in &snapshot.keys {
             let policy = if a.override_windows.is_empty() {
-                *plans.get(&a.plan_id).ok_or(PolicyError::UnknownPlan(a.plan_id))?
+                *plans
+                    .get(&a.plan_id)
+                    .ok_or(PolicyError::UnknownPlan(a.plan_id))?
             } else {
                 KeyPolicy::new(&a.override_windows, round_ms)?
             };
             keys.insert(a.key, policy);
         }
-        Ok(Self { version: snapshot.version, keys })
+        Ok(Self {
+            version: snapshot.version,
+            keys,
+        })
     }
 
     pub fn get(&self, key: &KeyId) -> Option<&KeyPolicy> {
@@ -112,18 +123,39 @@ mod tests {
 
     #[test]
     fn overrides_replace_plan_windows() {
-        let key_a = KeyId { version: 1, digest: 1 };
-        let key_b = KeyId { version: 1, digest: 2 };
+        let key_a = KeyId {
+            version: 1,
+            digest: 1,
+        };
+        let key_b = KeyId {
+            version: 1,
+            digest: 2,
+        };
         let snap = PolicySnapshot {
             version: 7,
-            plans: vec![Plan { id: 1, name: "std".into(), windows: vec![w(1_000, 10), w(60_000, 300)] }],
+            plans: vec![Plan {
+                id: 1,
+                name: "std".into(),
+                windows: vec![w(1_000, 10), w(60_000, 300)],
+            }],
             keys: vec![
-                KeyAssignment { key: key_a, plan_id: 1, override_windows: vec![] },
-                KeyAssignment { key: key_b, plan_id: 1, override_windows: vec![w(1_000, 50)] },
+                KeyAssignment {
+                    key: key_a,
+                    plan_id: 1,
+                    override_windows: vec![],
+                },
+                KeyAssignment {
+                    key: key_b,
+                    plan_id: 1,
+                    override_windows: vec![w(1_000, 50)],
+                },
             ],
         };
         let idx = PolicyIndex::from_snapshot(&snap, 25).unwrap();
-        assert_eq!(idx.get(&key_a).unwrap().windows(), &[w(1_000, 10), w(60_000, 300)]);
+        assert_eq!(
+            idx.get(&key_a).unwrap().windows(),
+            &[w(1_000, 10), w(60_000, 300)]
+        );
         assert_eq!(idx.get(&key_b).unwrap().windows(), &[w(1_000, 50)]);
         assert_eq!(idx.get(&key_a).unwrap().peak_rate_per_s(), 10);
     }
@@ -131,12 +163,21 @@ mod tests {
     #[test]
     fn bad_plans_are_rejected() {
         assert_eq!(KeyPolicy::new(&[], 25), Err(PolicyError::WindowCount(0)));
-        assert_eq!(KeyPolicy::new(&[w(50, 1)], 25), Err(PolicyError::WindowTooShort(50, 100)));
+        assert_eq!(
+            KeyPolicy::new(&[w(50, 1)], 25),
+            Err(PolicyError::WindowTooShort(50, 100))
+        );
         assert_eq!(
             KeyPolicy::new(&[w(1_000, 1), w(1_000, 2)], 25),
             Err(PolicyError::DuplicateWindow(1_000))
         );
-        let five = [w(1_000, 1), w(2_000, 1), w(3_000, 1), w(4_000, 1), w(5_000, 1)];
+        let five = [
+            w(1_000, 1),
+            w(2_000, 1),
+            w(3_000, 1),
+            w(4_000, 1),
+            w(5_000, 1),
+        ];
         assert_eq!(KeyPolicy::new(&five, 25), Err(PolicyError::WindowCount(5)));
     }
 }

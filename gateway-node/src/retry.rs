@@ -15,9 +15,15 @@ impl RetryAfter {
     /// back before the boundary it was told about.
     pub fn from_wait_ms(wait_ms: u64) -> Self {
         if wait_ms < 1_000 {
-            Self { header_s: 0, reset_ms: Some(wait_ms) }
+            Self {
+                header_s: 0,
+                reset_ms: Some(wait_ms),
+            }
         } else {
-            Self { header_s: wait_ms.div_ceil(1_000).max(1), reset_ms: None }
+            Self {
+                header_s: wait_ms.div_ceil(1_000).max(1),
+                reset_ms: None,
+            }
         }
     }
 }

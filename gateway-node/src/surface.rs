@@ -32,7 +32,10 @@ impl WindowMeta {
     #[inline]
     fn window_at(self, wall_ms: u64) -> WindowId {
         let number = wall_ms.saturating_sub(u64::from(self.offset_ms)) / u64::from(self.length_ms);
-        WindowId { length_ms: self.length_ms, number }
+        WindowId {
+            length_ms: self.length_ms,
+            number,
+        }
     }
 }
 
@@ -56,13 +59,18 @@ impl KeyBucket {
         let mut meta = [WindowMeta::default(); PLAN_WINDOWS_MAX];
         for (m, w) in meta.iter_mut().zip(policy.windows()) {
             // Offsets are < length_ms, which is a u32.
-            *m = WindowMeta { length_ms: w.length_ms, offset_ms: key.phase_offset_ms(w.length_ms) as u32 };
+            *m = WindowMeta {
+                length_ms: w.length_ms,
+                offset_ms: key.phase_offset_ms(w.length_ms) as u32,
+            };
         }
         Self {
             meta,
             window_count: policy.windows().len() as u32,
             attempts: AtomicU64::new(0),
-            slots: std::array::from_fn(|_| [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]),
+            slots: std::array::from_fn(|_| {
+                [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]
+            }),
             fast_path_round: AtomicU64::new(u64::MAX),
             policy,
         }
@@ -80,7 +88,11 @@ impl KeyBucket {
     /// Credit held in the named window (0 if the word holds another window).
     pub(crate) fn credit_in(&self, slot: usize, window: WindowId) -> u64 {
         let w = self.word(slot, window).load(Ordering::Acquire);
-        if credit::word_tag(w) == credit::tag_of(window.number) { credit::word_credit(w) } else { 0 }
+        if credit::word_tag(w) == credit::tag_of(window.number) {
+            credit::word_credit(w)
+        } else {
+            0
+        }
     }
 
     pub fn policy(&self) -> &KeyPolicy {
@@ -130,7 +142,12 @@ pub struct SurfaceConfig {
 
 impl Default for SurfaceConfig {
     fn default() -> Self {
-        Self { bucket_cap: 50_000, round_ms: 25, backstop_multiple: 4, reconciler_stall_ms: 1_000 }
+        Self {
+            bucket_cap: 50_000,
+            round_ms: 25,
+            backstop_multiple: 4,
+            reconciler_stall_ms: 1_000,
+        }
     }
 }
 
@@ -194,7 +211,9 @@ const BACKSTOP_SLOTS: usize = 1 << 16;
 
 impl Backstop {
     fn new() -> Self {
-        Self { slots: (0..BACKSTOP_SLOTS).map(|_| AtomicU64::new(0)).collect() }
+        Self {
+            slots: (0..BACKSTOP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     fn try_admit(&self, key: KeyId, wall_ms: u64, floor_per_s: u64) -> bool {
@@ -265,7 +284,13 @@ impl DecisionSurface {
 
     /// Re-evaluate after the fast path answered or its deadline passed (D5). A miss is a
     /// real 429, not a fail-open case: the local limiter is working.
-    pub fn decide_after_fast_path(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy, deadline_missed: bool) -> Decision {
+    pub fn decide_after_fast_path(
+        &self,
+        key: KeyId,
+        wall_ms: u64,
+        policy: &KeyPolicy,
+        deadline_missed: bool,
+    ) -> Decision {
         let flags = self.flags.load(Ordering::Relaxed);
         if self.limiter_failed(flags, wall_ms) {
             return self.fail_open(key, wall_ms, policy);
@@ -279,7 +304,8 @@ impl DecisionSurface {
     #[inline]
     fn limiter_failed(&self, flags: u32, wall_ms: u64) -> bool {
         flags & FLAG_FAULT != 0
-            || wall_ms.saturating_sub(self.heartbeat_wall_ms.load(Ordering::Relaxed)) > self.config.reconciler_stall_ms
+            || wall_ms.saturating_sub(self.heartbeat_wall_ms.load(Ordering::Relaxed))
+                > self.config.reconciler_stall_ms
     }
 
     #[cold]
@@ -290,7 +316,11 @@ impl DecisionSurface {
             self.stats.inserts_refused.fetch_add(1, Ordering::Relaxed);
             return self.fail_open(key, wall_ms, policy);
         }
-        let bucket = self.buckets.entry(key).or_insert_with(|| KeyBucket::new(key, *policy)).downgrade();
+        let bucket = self
+            .buckets
+            .entry(key)
+            .or_insert_with(|| KeyBucket::new(key, *policy))
+            .downgrade();
         self.decide_in(&bucket, key, wall_ms, flags, true, false)
     }
 
@@ -324,7 +354,16 @@ impl DecisionSurface {
             credit::refund(bucket.word(i, w), credit::tag_of(w.number));
         }
         let round = self.round.load(Ordering::Relaxed);
-        self.deny_or_fast_path(bucket, key, wall_ms, flags, first_short, fast_path_allowed, deadline_missed, round)
+        self.deny_or_fast_path(
+            bucket,
+            key,
+            wall_ms,
+            flags,
+            first_short,
+            fast_path_allowed,
+            deadline_missed,
+            round,
+        )
     }
 
     #[cold]
@@ -343,8 +382,13 @@ impl DecisionSurface {
         // Every window without credit here could deny the retry, not only the one that
         // did (ADR-6). One that the owner has declared exhausted frees up only at its
         // boundary; one that is merely short here may get credit at the next round.
-        let next_round_wait_ms = self.next_round_wall_ms.load(Ordering::Relaxed).saturating_sub(wall_ms).max(1);
+        let next_round_wait_ms = self
+            .next_round_wall_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(wall_ms)
+            .max(1);
         let mut short_windows = 0u8;
+        let mut all_short_exhausted = true;
         let mut wait_ms = 0u64;
         let mut denying = None;
         for (i, spec) in bucket.policy.windows().iter().enumerate() {
@@ -359,14 +403,18 @@ impl DecisionSurface {
                 denying = Some(w);
             }
             let to_boundary_ms = window_end_ms(key, w).saturating_sub(wall_ms);
-            let wait = if ours && credit::word_exhausted(word) {
+            let exhausted = ours && credit::word_exhausted(word);
+            all_short_exhausted &= exhausted;
+            let wait = if exhausted {
                 to_boundary_ms
             } else {
                 to_boundary_ms.min(next_round_wait_ms)
             };
             wait_ms = wait_ms.max(wait);
         }
-        if fast_path_allowed && flags & FLAG_FAST_PATH != 0 {
+        // An owner that declared every short window exhausted has nothing to give: asking
+        // again each round would only spend the fast-path budget (A48).
+        if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !all_short_exhausted {
             let seen = bucket.fast_path_round.load(Ordering::Relaxed);
             if seen != round
                 && bucket
@@ -374,7 +422,9 @@ impl DecisionSurface {
                     .compare_exchange(seen, round, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                self.stats.fast_path_triggered.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .fast_path_triggered
+                    .fetch_add(1, Ordering::Relaxed);
                 return Decision::FastPath(FastPathNeed { key, short_windows });
             }
         }
@@ -388,14 +438,21 @@ impl DecisionSurface {
         Decision::Deny(Denial {
             window,
             wait_ms: wait_ms.max(1),
-            reason: if deadline_missed { LimitReason::FastPathDeadline } else { LimitReason::Exhausted },
+            reason: if deadline_missed {
+                LimitReason::FastPathDeadline
+            } else {
+                LimitReason::Exhausted
+            },
             degraded: flags & FLAG_DEGRADED != 0,
         })
     }
 
     #[cold]
     fn fail_open(&self, key: KeyId, wall_ms: u64, policy: &KeyPolicy) -> Decision {
-        let floor_per_s = policy.peak_rate_per_s().saturating_mul(self.config.backstop_multiple).max(1);
+        let floor_per_s = policy
+            .peak_rate_per_s()
+            .saturating_mul(self.config.backstop_multiple)
+            .max(1);
         if self.backstop.try_admit(key, wall_ms, floor_per_s) {
             self.stats.fail_open.fetch_add(1, Ordering::Relaxed);
             return Decision::FailOpen;
@@ -450,7 +507,8 @@ impl DecisionSurface {
 
     pub(crate) fn publish_round(&self, round: u64, wall_ms: u64, next_round_wall_ms: u64) {
         self.round.store(round, Ordering::Relaxed);
-        self.next_round_wall_ms.store(next_round_wall_ms, Ordering::Relaxed);
+        self.next_round_wall_ms
+            .store(next_round_wall_ms, Ordering::Relaxed);
         self.heartbeat_wall_ms.store(wall_ms, Ordering::Relaxed);
     }
 
@@ -466,8 +524,15 @@ impl DecisionSurface {
 
     /// Remove `key` only if `still_evictable` holds under the shard's write lock, so a
     /// grant that raced in is never thrown away (D7).
-    pub(crate) fn evict_if(&self, key: &KeyId, still_evictable: impl FnOnce(&KeyBucket) -> bool) -> bool {
-        let removed = self.buckets.remove_if(key, |_, b| still_evictable(b)).is_some();
+    pub(crate) fn evict_if(
+        &self,
+        key: &KeyId,
+        still_evictable: impl FnOnce(&KeyBucket) -> bool,
+    ) -> bool {
+        let removed = self
+            .buckets
+            .remove_if(key, |_, b| still_evictable(b))
+            .is_some();
         if removed {
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }

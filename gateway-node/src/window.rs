@@ -24,7 +24,10 @@ pub fn window_end_ms(key: KeyId, window: WindowId) -> u64 {
 
 /// The next window instance of the same kind.
 pub fn next_window(window: WindowId) -> WindowId {
-    WindowId { length_ms: window.length_ms, number: window.number + 1 }
+    WindowId {
+        length_ms: window.length_ms,
+        number: window.number + 1,
+    }
 }
 
 #[cfg(test)]
@@ -32,7 +35,10 @@ mod tests {
     use super::*;
 
     fn key(d: u128) -> KeyId {
-        KeyId { version: 1, digest: d }
+        KeyId {
+            version: 1,
+            digest: d,
+        }
     }
 
     #[test]
@@ -70,9 +76,18 @@ mod tests {
             skews_ms: [i64; 5],
         }
         let cases = [
-            Case { len_ms: 1_000, skews_ms: [-50, -25, 0, 25, 50] },
-            Case { len_ms: 60_000, skews_ms: [-50, -1, 0, 1, 50] },
-            Case { len_ms: 100, skews_ms: [-50, -10, 0, 10, 50] },
+            Case {
+                len_ms: 1_000,
+                skews_ms: [-50, -25, 0, 25, 50],
+            },
+            Case {
+                len_ms: 60_000,
+                skews_ms: [-50, -1, 0, 1, 50],
+            },
+            Case {
+                len_ms: 100,
+                skews_ms: [-50, -10, 0, 10, 50],
+            },
         ];
         let k = key(0xdead_beef_0000_1111_2222_3333_4444_5555);
         for case in &cases {

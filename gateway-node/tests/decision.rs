@@ -9,20 +9,45 @@ use support::*;
 
 #[test]
 fn a_request_is_charged_in_every_window_or_none() {
-    let (mut node, policy) = fixed_node(&[WindowSpec { length_ms: 1_000, limit: 100 }, WindowSpec { length_ms: 60_000, limit: 3 }], 100);
+    let (mut node, policy) = fixed_node(
+        &[
+            WindowSpec {
+                length_ms: 1_000,
+                limit: 100,
+            },
+            WindowSpec {
+                length_ms: 60_000,
+                limit: 3,
+            },
+        ],
+        100,
+    );
     let k = key(1);
     let surface = node.surface().clone();
     // First sight creates the bucket; the tick installs the fixed shares (98 and 2).
-    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::Deny(_) | Decision::FastPath(_)));
+    assert!(matches!(
+        surface.decide(k, T0.wall_ms, &policy),
+        Decision::Deny(_) | Decision::FastPath(_)
+    ));
     node.handle_tick(T0);
     assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);
     assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);
     // Short of credit: the round's fast path goes out; with no answer it is a real 429.
-    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 0b10));
-    let Decision::Deny(d) = surface.decide_after_fast_path(k, T0.wall_ms, &policy, false) else { panic!("60 s share is spent") };
+    assert!(
+        matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 0b10)
+    );
+    let Decision::Deny(d) = surface.decide_after_fast_path(k, T0.wall_ms, &policy, false) else {
+        panic!("60 s share is spent")
+    };
     assert_eq!(d.window.length_ms, 60_000);
-    let short = KeyWindow { key: k, window: window_at(k, 1_000, T0.wall_ms) };
-    let long = KeyWindow { key: k, window: window_at(k, 60_000, T0.wall_ms) };
+    let short = KeyWindow {
+        key: k,
+        window: window_at(k, 1_000, T0.wall_ms),
+    };
+    let long = KeyWindow {
+        key: k,
+        window: window_at(k, 60_000, T0.wall_ms),
+    };
     // The 1 s window was charged then refunded: its spend is exactly the two admits.
     assert_eq!(node.line_for(&short).unwrap().cumulative_spend, 2);
     assert_eq!(node.line_for(&short).unwrap().held_credit, 96);
@@ -33,7 +58,16 @@ fn a_request_is_charged_in_every_window_or_none() {
 /// D6 table: sub-second wait, whole seconds, and two windows that could both deny.
 #[test]
 fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
-    let windows = [WindowSpec { length_ms: 1_000, limit: 10 }, WindowSpec { length_ms: 60_000, limit: 100 }];
+    let windows = [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 10,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 100,
+        },
+    ];
     struct Case {
         name: &'static str,
         credit_1s: u64,
@@ -42,9 +76,27 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
         expect_both: bool,
     }
     let cases = [
-        Case { name: "only 1 s exhausted: sub-second", credit_1s: 1, credit_60s: 50, expect_window_ms: 1_000, expect_both: false },
-        Case { name: "only 60 s exhausted: whole seconds", credit_1s: 5, credit_60s: 1, expect_window_ms: 60_000, expect_both: false },
-        Case { name: "both exhausted: the later boundary", credit_1s: 1, credit_60s: 1, expect_window_ms: 1_000, expect_both: true },
+        Case {
+            name: "only 1 s exhausted: sub-second",
+            credit_1s: 1,
+            credit_60s: 50,
+            expect_window_ms: 1_000,
+            expect_both: false,
+        },
+        Case {
+            name: "only 60 s exhausted: whole seconds",
+            credit_1s: 5,
+            credit_60s: 1,
+            expect_window_ms: 60_000,
+            expect_both: false,
+        },
+        Case {
+            name: "both exhausted: the later boundary",
+            credit_1s: 1,
+            credit_60s: 1,
+            expect_window_ms: 1_000,
+            expect_both: true,
+        },
     ];
     for (i, case) in cases.iter().enumerate() {
         let mut node = leasing_node(1);
@@ -54,7 +106,10 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
         let _ = surface.decide(k, T0.wall_ms, &policy);
         node.handle_tick(T0);
         let grant = |len: u32, credit: u64| GrantEntry {
-            key_window: KeyWindow { key: k, window: window_at(k, len, T0.wall_ms) },
+            key_window: KeyWindow {
+                key: k,
+                window: window_at(k, len, T0.wall_ms),
+            },
             node_epoch: node.epoch(),
             grant_seq: 1,
             credit_total: credit,
@@ -68,27 +123,47 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
         };
         node.handle_grant_batch(T0, &batch);
         let now = T0.wall_ms + 10;
-        assert_eq!(surface.decide(k, now, &policy), Decision::Admit, "{}", case.name);
+        assert_eq!(
+            surface.decide(k, now, &policy),
+            Decision::Admit,
+            "{}",
+            case.name
+        );
         let d = loop {
             match surface.decide(k, now, &policy) {
                 Decision::Admit => continue,
                 Decision::Deny(d) => break d,
-                Decision::FastPath(_) => match surface.decide_after_fast_path(k, now, &policy, false) {
-                    Decision::Deny(d) => break d,
-                    other => panic!("{}: {other:?}", case.name),
-                },
+                Decision::FastPath(_) => {
+                    match surface.decide_after_fast_path(k, now, &policy, false) {
+                        Decision::Deny(d) => break d,
+                        other => panic!("{}: {other:?}", case.name),
+                    }
+                }
                 other => panic!("{}: {other:?}", case.name),
             }
         };
         assert_eq!(d.reason, LimitReason::Exhausted);
-        assert_eq!(d.window.length_ms, case.expect_window_ms, "{}: denying window", case.name);
+        assert_eq!(
+            d.window.length_ms, case.expect_window_ms,
+            "{}: denying window",
+            case.name
+        );
         let end_1s = window_end_ms(k, window_at(k, 1_000, now)) - now;
         let end_60s = window_end_ms(k, window_at(k, 60_000, now)) - now;
-        let expected = if case.expect_both || case.expect_window_ms == 60_000 { end_60s.max(if case.expect_both { end_1s } else { 0 }) } else { end_1s };
+        let expected = if case.expect_both || case.expect_window_ms == 60_000 {
+            end_60s.max(if case.expect_both { end_1s } else { 0 })
+        } else {
+            end_1s
+        };
         assert_eq!(d.wait_ms, expected, "{}", case.name);
         let ra = RetryAfter::from_wait_ms(d.wait_ms);
         if expected < 1_000 {
-            assert_eq!((ra.header_s, ra.reset_ms), (0, Some(expected)), "{}", case.name);
+            assert_eq!(
+                (ra.header_s, ra.reset_ms),
+                (0, Some(expected)),
+                "{}",
+                case.name
+            );
         } else {
             assert_eq!(ra.header_s, expected.div_ceil(1_000), "{}", case.name);
             assert!(ra.header_s >= 1 && ra.reset_ms.is_none());
@@ -100,24 +175,50 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
 #[test]
 fn fast_path_is_taken_once_per_round_then_denies() {
     let mut node = leasing_node(1);
-    let policy = gateway_node::KeyPolicy::new(&[WindowSpec { length_ms: 1_000, limit: 10 }], 25).unwrap();
+    let policy = gateway_node::KeyPolicy::new(
+        &[WindowSpec {
+            length_ms: 1_000,
+            limit: 10,
+        }],
+        25,
+    )
+    .unwrap();
     let surface = node.surface().clone();
     let k = key(7);
     node.handle_tick(T0);
-    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 1));
-    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::Deny(_)));
-    let Decision::Deny(d) = surface.decide_after_fast_path(k, T0.wall_ms, &policy, true) else { panic!() };
+    assert!(
+        matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 1)
+    );
+    assert!(matches!(
+        surface.decide(k, T0.wall_ms, &policy),
+        Decision::Deny(_)
+    ));
+    let Decision::Deny(d) = surface.decide_after_fast_path(k, T0.wall_ms, &policy, true) else {
+        panic!()
+    };
     assert_eq!(d.reason, LimitReason::FastPathDeadline);
     // Not exhausted, only short here: the wait is to the next round, not the boundary.
     assert!(d.wait_ms <= 25);
-    let next = bus_schemas::Now { wall_ms: T0.wall_ms + 25, mono_ms: T0.mono_ms + 25 };
+    let next = bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    };
     node.handle_tick(next);
-    assert!(matches!(surface.decide(k, next.wall_ms, &policy), Decision::FastPath(_)));
+    assert!(matches!(
+        surface.decide(k, next.wall_ms, &policy),
+        Decision::FastPath(_)
+    ));
 }
 
 #[test]
 fn a_full_map_fails_open_within_the_backstop_floor() {
-    let (mut node, policy) = fixed_node(&[WindowSpec { length_ms: 1_000, limit: 10 }], 4);
+    let (mut node, policy) = fixed_node(
+        &[WindowSpec {
+            length_ms: 1_000,
+            limit: 10,
+        }],
+        4,
+    );
     let surface = node.surface().clone();
     for i in 0..4 {
         let _ = surface.decide(key(i), T0.wall_ms, &policy);
@@ -125,8 +226,15 @@ fn a_full_map_fails_open_within_the_backstop_floor() {
     node.handle_tick(T0);
     // Four buckets holding credit: nothing can be evicted, so a fifth key fails open,
     // up to 4 x its plan rate in a second (D8), then is refused by the backstop.
-    let outcomes: Vec<Decision> = (0..50).map(|_| surface.decide(key(99), T0.wall_ms, &policy)).collect();
-    let opened = outcomes.iter().filter(|d| **d == Decision::FailOpen).count();
+    let outcomes: Vec<Decision> = (0..50)
+        .map(|_| surface.decide(key(99), T0.wall_ms, &policy))
+        .collect();
+    let opened = outcomes
+        .iter()
+        .filter(|d| **d == Decision::FailOpen)
+        .count();
     assert_eq!(opened, 40);
-    assert!(matches!(outcomes[49], Decision::Deny(d) if d.reason == LimitReason::Backstop && d.degraded));
+    assert!(
+        matches!(outcomes[49], Decision::Deny(d) if d.reason == LimitReason::Backstop && d.degraded)
+    );
 }

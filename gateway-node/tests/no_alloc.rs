@@ -28,7 +28,16 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn common_path_allocates_nothing() {
-    let windows = [WindowSpec { length_ms: 1_000, limit: 1_000_000 }, WindowSpec { length_ms: 60_000, limit: 10_000_000 }];
+    let windows = [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 1_000_000,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 10_000_000,
+        },
+    ];
     let (mut node, policy) = fixed_node(&windows, 20_000);
     let surface = node.surface().clone();
     for i in 0..10_000 {

@@ -4,11 +4,13 @@
 use std::sync::Arc;
 
 use bus_schemas::{
-    FastPathReply, FastPathRequest, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch,
-    ShardId, WindowSpec,
+    FastPathReply, FastPathRequest, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, Now,
+    OwnerEpoch, ReportBatch, ShardId, WindowSpec,
 };
 use fold_workers::{FoldOwner, OwnerConfig};
-use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig, Transmit};
+use gateway_node::{
+    Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig, Transmit,
+};
 
 /// A message in flight.
 #[derive(Clone, Debug)]
@@ -38,29 +40,61 @@ pub const ROUND_MS: u32 = 25;
 pub const SHARDS: u32 = 1;
 
 pub fn windows() -> [WindowSpec; 2] {
-    [WindowSpec { length_ms: 1_000, limit: 40 }, WindowSpec { length_ms: 60_000, limit: 120 }]
+    [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 40,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 120,
+        },
+    ]
 }
 
 fn node_config(i: u32, fleet: u32) -> NodeConfig {
-    NodeConfig { fleet_size: fleet, shards: SHARDS, ..NodeConfig::reference(NodeId(i)) }
+    NodeConfig {
+        fleet_size: fleet,
+        shards: SHARDS,
+        ..NodeConfig::reference(NodeId(i))
+    }
 }
 
 fn owner_config(fleet: u32) -> OwnerConfig {
-    OwnerConfig { shards: SHARDS, fleet_size: fleet, ..OwnerConfig::reference(ShardId(0)) }
+    OwnerConfig {
+        shards: SHARDS,
+        fleet_size: fleet,
+        ..OwnerConfig::reference(ShardId(0))
+    }
 }
 
 impl Fleet {
     pub fn new(node_count: u32, key_count: u32) -> Self {
-        let now = Now { wall_ms: 1_764_720_000_000, mono_ms: 1_000 };
+        let now = Now {
+            wall_ms: 1_764_720_000_000,
+            mono_ms: 1_000,
+        };
         let nodes = (0..node_count)
-            .map(|i| NodeLimiter::new(node_config(i, node_count), Arc::new(DecisionSurface::new(SurfaceConfig::default())), NodeEpoch(u64::from(i) + 1), now))
+            .map(|i| {
+                NodeLimiter::new(
+                    node_config(i, node_count),
+                    Arc::new(DecisionSurface::new(SurfaceConfig::default())),
+                    NodeEpoch(u64::from(i) + 1),
+                    now,
+                )
+            })
             .collect();
         Self {
             now,
             nodes,
             owner: FoldOwner::new(owner_config(node_count), OwnerEpoch(1), now, false),
             policy: KeyPolicy::new(&windows(), ROUND_MS).unwrap(),
-            keys: (0..key_count).map(|k| KeyId { version: 1, digest: 0x1234_5678_9abc_def0_u128 * (u128::from(k) + 3) }).collect(),
+            keys: (0..key_count)
+                .map(|k| KeyId {
+                    version: 1,
+                    digest: 0x1234_5678_9abc_def0_u128 * (u128::from(k) + 3),
+                })
+                .collect(),
             in_flight: Vec::new(),
             dead_spend: Vec::new(),
             next_epoch: u64::from(node_count) + 1,
@@ -123,7 +157,11 @@ impl Fleet {
             return;
         }
         let idx = idx % self.in_flight.len();
-        let msg = if keep { self.in_flight[idx].clone() } else { self.in_flight.remove(idx) };
+        let msg = if keep {
+            self.in_flight[idx].clone()
+        } else {
+            self.in_flight.remove(idx)
+        };
         match msg {
             Msg::Report(r) => {
                 self.owner.handle_report_batch(self.now, &r);
@@ -158,19 +196,30 @@ impl Fleet {
         let old = &self.nodes[i];
         for kw in old.key_windows().copied().collect::<Vec<_>>() {
             let line = old.line_for(&kw).unwrap();
-            self.dead_spend.push((kw, line.cumulative_spend, line.self_granted));
+            self.dead_spend
+                .push((kw, line.cumulative_spend, line.self_granted));
         }
         let epoch = NodeEpoch(self.next_epoch);
         self.next_epoch += 1;
         let config = old.config().clone();
-        self.nodes[i] = NodeLimiter::new(config, Arc::new(DecisionSurface::new(SurfaceConfig::default())), epoch, self.now);
+        self.nodes[i] = NodeLimiter::new(
+            config,
+            Arc::new(DecisionSurface::new(SurfaceConfig::default())),
+            epoch,
+            self.now,
+        );
     }
 
     pub fn change_owner(&mut self) {
         self.owner_epoch += 1;
         self.owner_changes += 1;
         let fleet = self.nodes.len() as u32;
-        self.owner = FoldOwner::new(owner_config(fleet), OwnerEpoch(self.owner_epoch), self.now, true);
+        self.owner = FoldOwner::new(
+            owner_config(fleet),
+            OwnerEpoch(self.owner_epoch),
+            self.now,
+            true,
+        );
     }
 
     /// Fleet-wide truth for every key-window anyone knows: admitted plus still-spendable
@@ -192,7 +241,9 @@ impl Fleet {
         }
         for (kw, (used, self_granted, allowance)) in totals {
             if used > allowance.saturating_add(self_granted) {
-                return Err(format!("{kw:?}: used {used} > allowance {allowance} + self-granted {self_granted}"));
+                return Err(format!(
+                    "{kw:?}: used {used} > allowance {allowance} + self-granted {self_granted}"
+                ));
             }
         }
         Ok(())

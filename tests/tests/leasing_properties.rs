@@ -29,12 +29,19 @@ fn op(owner_changes: bool) -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|idx| Op::Drop { idx }),
         1 => (0..3usize).prop_map(|node| Op::Restart { node }),
     ];
-    if owner_changes { prop_oneof![30 => base, 1 => Just(Op::OwnerChange)].boxed() } else { base.boxed() }
+    if owner_changes {
+        prop_oneof![30 => base, 1 => Just(Op::OwnerChange)].boxed()
+    } else {
+        base.boxed()
+    }
 }
 
 fn lines(fleet: &Fleet, node: usize) -> Vec<(KeyWindow, bus_schemas::ReportEntry)> {
     let n = &fleet.nodes[node];
-    let mut v: Vec<_> = n.key_windows().map(|kw| (*kw, n.line_for(kw).unwrap())).collect();
+    let mut v: Vec<_> = n
+        .key_windows()
+        .map(|kw| (*kw, n.line_for(kw).unwrap()))
+        .collect();
     v.sort_by_key(|(kw, _)| *kw);
     v
 }
@@ -103,7 +110,9 @@ fn run(ops: Vec<Op>, owner_changes: bool) -> Result<(), TestCaseError> {
         // Nothing beyond the allowance but what nodes gave themselves while the owner was
         // silent (F4), across owner changes too (the takeover fence).
         if let Err(e) = fleet.check_fleet_truth() {
-            return Err(TestCaseError::fail(format!("{e} (owner changes: {owner_changes})")));
+            return Err(TestCaseError::fail(format!(
+                "{e} (owner changes: {owner_changes})"
+            )));
         }
     }
     Ok(())
@@ -149,7 +158,10 @@ fn restarted_node_spend_is_counted_once() {
         }
         settle(&mut fleet);
     }
-    let kw = *fleet.nodes[0].key_windows().find(|kw| kw.window.length_ms == 60_000).unwrap();
+    let kw = *fleet.nodes[0]
+        .key_windows()
+        .find(|kw| kw.window.length_ms == 60_000)
+        .unwrap();
     let first_epoch_spend = fleet.nodes[0].line_for(&kw).unwrap().cumulative_spend;
     assert!(first_epoch_spend > 0);
     fleet.restart(0);
@@ -165,6 +177,8 @@ fn restarted_node_spend_is_counted_once() {
     }
     let second_epoch_spend = fleet.nodes[0].line_for(&kw).unwrap().cumulative_spend;
     assert!(second_epoch_spend > 0);
-    assert_eq!(fleet.owner.merged_spend(&kw), Some(first_epoch_spend + second_epoch_spend));
+    assert_eq!(
+        fleet.owner.merged_spend(&kw),
+        Some(first_epoch_spend + second_epoch_spend)
+    );
 }
-
