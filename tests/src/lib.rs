@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bus_schemas::{
-    FastPathReply, FastPathRequest, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, Now,
+    Envelope, FastPathReply, FastPathRequest, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, Now,
     OwnerEpoch, ReportBatch, ShardId, WindowSpec,
 };
 use fold_workers::{FoldOwner, OwnerConfig};
@@ -19,6 +19,21 @@ pub enum Msg {
     FastPath(FastPathRequest),
     Grant(GrantBatch),
     Reply(NodeId, FastPathReply),
+}
+
+fn round_trip<E: Envelope + PartialEq + std::fmt::Debug>(value: E) -> E {
+    let decoded = E::decode(&value.encode()).expect("a valid envelope decodes");
+    assert_eq!(decoded, value);
+    decoded
+}
+
+fn through_the_wire(msg: Msg) -> Msg {
+    match msg {
+        Msg::Report(r) => Msg::Report(round_trip(r)),
+        Msg::FastPath(f) => Msg::FastPath(round_trip(f)),
+        Msg::Grant(g) => Msg::Grant(round_trip(g)),
+        Msg::Reply(n, r) => Msg::Reply(n, round_trip(r)),
+    }
 }
 
 pub struct Fleet {
@@ -162,6 +177,8 @@ impl Fleet {
         } else {
             self.in_flight.remove(idx)
         };
+        // Every message crosses the real codec, as it would on the bus.
+        let msg = through_the_wire(msg);
         match msg {
             Msg::Report(r) => {
                 self.owner.handle_report_batch(self.now, &r);

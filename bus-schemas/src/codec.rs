@@ -1,0 +1,580 @@
+//! Envelope encoding and validating decoding (B2). Decoding checks, in order: the byte
+//! length against the kind's limit (before parsing anything), the protobuf framing, the
+//! schema version (an unknown one rejects the envelope whole), then every field into the
+//! domain types. A value that comes out is fully valid; nothing partial ever comes out.
+
+use std::collections::HashSet;
+
+use prost::Message;
+
+use crate::domain::limits::*;
+use crate::domain::*;
+use crate::wire;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("{kind}: {len} bytes exceeds the {max}-byte limit")]
+    TooLarge {
+        kind: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("{kind}: malformed protobuf: {source}")]
+    Malformed {
+        kind: &'static str,
+        source: prost::DecodeError,
+    },
+    #[error(
+        "{kind}: schema version {got} is not accepted (accepted {MIN_ACCEPTED_SCHEMA_VERSION}..={SCHEMA_VERSION})"
+    )]
+    UnknownSchemaVersion { kind: &'static str, got: u32 },
+    #[error("{kind}: required field {field} is missing")]
+    Missing {
+        kind: &'static str,
+        field: &'static str,
+    },
+    #[error("{kind}: field {field} is invalid: {reason}")]
+    Invalid {
+        kind: &'static str,
+        field: &'static str,
+        reason: &'static str,
+    },
+    #[error("{kind}: {got} {field} exceeds the limit of {max}")]
+    TooMany {
+        kind: &'static str,
+        field: &'static str,
+        got: usize,
+        max: usize,
+    },
+}
+
+impl DecodeError {
+    /// A short label for the `rejected envelopes by reason` metric (F6).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::TooLarge { .. } => "too_large",
+            Self::Malformed { .. } => "malformed",
+            Self::UnknownSchemaVersion { .. } => "unknown_version",
+            Self::Missing { .. } => "missing",
+            Self::Invalid { .. } => "invalid",
+            Self::TooMany { .. } => "too_many",
+        }
+    }
+}
+
+/// A bus envelope: the only way bytes become domain values and back.
+pub trait Envelope: Sized {
+    const KIND: &'static str;
+    const MAX_BYTES: usize;
+    fn encode(&self) -> Vec<u8>;
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError>;
+}
+
+fn parse<M: Message + Default>(
+    kind: &'static str,
+    max: usize,
+    bytes: &[u8],
+) -> Result<M, DecodeError> {
+    if bytes.len() > max {
+        return Err(DecodeError::TooLarge {
+            kind,
+            len: bytes.len(),
+            max,
+        });
+    }
+    M::decode(bytes).map_err(|source| DecodeError::Malformed { kind, source })
+}
+
+fn version(kind: &'static str, got: u32) -> Result<(), DecodeError> {
+    if (MIN_ACCEPTED_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&got) {
+        Ok(())
+    } else {
+        Err(DecodeError::UnknownSchemaVersion { kind, got })
+    }
+}
+
+fn count(
+    kind: &'static str,
+    field: &'static str,
+    got: usize,
+    max: usize,
+) -> Result<(), DecodeError> {
+    if got > max {
+        Err(DecodeError::TooMany {
+            kind,
+            field,
+            got,
+            max,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn invalid(kind: &'static str, field: &'static str, reason: &'static str) -> DecodeError {
+    DecodeError::Invalid {
+        kind,
+        field,
+        reason,
+    }
+}
+
+fn key_id(kind: &'static str, bytes: &[u8]) -> Result<KeyId, DecodeError> {
+    KeyId::from_bytes(bytes)
+        .ok_or_else(|| invalid(kind, "key_id", "must be 17 bytes with a non-zero version"))
+}
+
+fn window(kind: &'static str, w: Option<&wire::WindowId>) -> Result<WindowId, DecodeError> {
+    let w = w.ok_or(DecodeError::Missing {
+        kind,
+        field: "window",
+    })?;
+    if w.length_ms == 0 || w.length_ms > WINDOW_LENGTH_MS_MAX {
+        return Err(invalid(kind, "window.length_ms", "must be 1 ms to 1 day"));
+    }
+    Ok(WindowId {
+        length_ms: w.length_ms,
+        number: w.number,
+    })
+}
+
+fn key_window(kind: &'static str, kw: Option<&wire::KeyWindow>) -> Result<KeyWindow, DecodeError> {
+    let kw = kw.ok_or(DecodeError::Missing {
+        kind,
+        field: "key_window",
+    })?;
+    Ok(KeyWindow {
+        key: key_id(kind, &kw.key_id)?,
+        window: window(kind, kw.window.as_ref())?,
+    })
+}
+
+fn epoch(kind: &'static str, field: &'static str, v: u64) -> Result<u64, DecodeError> {
+    if v == 0 {
+        Err(invalid(kind, field, "epoch 0 means none"))
+    } else {
+        Ok(v)
+    }
+}
+
+fn wire_window(w: WindowId) -> wire::WindowId {
+    wire::WindowId {
+        length_ms: w.length_ms,
+        number: w.number,
+    }
+}
+
+fn wire_key_window(kw: KeyWindow) -> wire::KeyWindow {
+    wire::KeyWindow {
+        key_id: kw.key.to_bytes().to_vec(),
+        window: Some(wire_window(kw.window)),
+    }
+}
+
+fn report_entry(kind: &'static str, e: &wire::ReportEntry) -> Result<ReportEntry, DecodeError> {
+    let out = ReportEntry {
+        key_window: key_window(kind, e.key_window.as_ref())?,
+        allowance: e.allowance,
+        cumulative_spend: e.cumulative_spend,
+        demand: e.demand,
+        held_credit: e.held_credit,
+        applied_grant: e.applied_grant,
+        returned: e.returned,
+        self_granted: e.self_granted,
+    };
+    if out.allowance > WINDOW_LIMIT_MAX
+        || out.applied_grant > WINDOW_LIMIT_MAX * 2
+        || out.self_granted > WINDOW_LIMIT_MAX
+    {
+        return Err(invalid(
+            kind,
+            "entry",
+            "count above the 40-bit credit range",
+        ));
+    }
+    // A node can only spend, hold or return credit it received.
+    let received = out.applied_grant + out.self_granted;
+    if out
+        .cumulative_spend
+        .saturating_add(out.held_credit)
+        .saturating_add(out.returned)
+        > received
+    {
+        return Err(invalid(
+            kind,
+            "entry",
+            "spend + held + returned exceeds credit received",
+        ));
+    }
+    Ok(out)
+}
+
+fn wire_report_entry(e: &ReportEntry) -> wire::ReportEntry {
+    wire::ReportEntry {
+        key_window: Some(wire_key_window(e.key_window)),
+        allowance: e.allowance,
+        cumulative_spend: e.cumulative_spend,
+        demand: e.demand,
+        held_credit: e.held_credit,
+        applied_grant: e.applied_grant,
+        returned: e.returned,
+        self_granted: e.self_granted,
+    }
+}
+
+fn grant_entry(kind: &'static str, e: &wire::GrantEntry) -> Result<GrantEntry, DecodeError> {
+    if e.credit_total > WINDOW_LIMIT_MAX * 2 {
+        return Err(invalid(kind, "credit_total", "above the credit range"));
+    }
+    Ok(GrantEntry {
+        key_window: key_window(kind, e.key_window.as_ref())?,
+        node_epoch: NodeEpoch(epoch(kind, "node_epoch", e.node_epoch)?),
+        grant_seq: e.grant_seq,
+        credit_total: e.credit_total,
+        exhausted: e.exhausted,
+    })
+}
+
+fn wire_grant_entry(e: &GrantEntry) -> wire::GrantEntry {
+    wire::GrantEntry {
+        key_window: Some(wire_key_window(e.key_window)),
+        node_epoch: e.node_epoch.0,
+        grant_seq: e.grant_seq,
+        credit_total: e.credit_total,
+        exhausted: e.exhausted,
+    }
+}
+
+impl Envelope for ReportBatch {
+    const KIND: &'static str = "report_batch";
+    const MAX_BYTES: usize = REPORT_BATCH_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        wire::ReportBatch {
+            schema_version: SCHEMA_VERSION,
+            node: self.node.0,
+            node_epoch: self.node_epoch.0,
+            seq: self.seq,
+            shard: self.shard.0,
+            sent_at_ms: self.sent_at_ms,
+            owner_epoch_seen: self.owner_epoch_seen.0,
+            entries: self.entries.iter().map(wire_report_entry).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let k = Self::KIND;
+        let m: wire::ReportBatch = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        count(k, "entries", m.entries.len(), REPORT_ENTRIES_MAX)?;
+        let entries = m
+            .entries
+            .iter()
+            .map(|e| report_entry(k, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut seen = HashSet::with_capacity(entries.len());
+        if !entries.iter().all(|e| seen.insert(e.key_window)) {
+            return Err(invalid(k, "entries", "a key-window appears twice"));
+        }
+        Ok(Self {
+            node: NodeId(m.node),
+            node_epoch: NodeEpoch(epoch(k, "node_epoch", m.node_epoch)?),
+            seq: m.seq,
+            shard: ShardId(m.shard),
+            sent_at_ms: m.sent_at_ms,
+            owner_epoch_seen: OwnerEpoch(m.owner_epoch_seen),
+            entries,
+        })
+    }
+}
+
+impl Envelope for GrantBatch {
+    const KIND: &'static str = "grant_batch";
+    const MAX_BYTES: usize = GRANT_BATCH_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        wire::GrantBatch {
+            schema_version: SCHEMA_VERSION,
+            owner_epoch: self.owner_epoch.0,
+            shard: self.shard.0,
+            node: self.node.0,
+            entries: self.entries.iter().map(wire_grant_entry).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let k = Self::KIND;
+        let m: wire::GrantBatch = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        count(k, "entries", m.entries.len(), GRANT_ENTRIES_MAX)?;
+        let entries = m
+            .entries
+            .iter()
+            .map(|e| grant_entry(k, e))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut seen = HashSet::with_capacity(entries.len());
+        if !entries
+            .iter()
+            .all(|e| seen.insert((e.key_window, e.node_epoch)))
+        {
+            return Err(invalid(
+                k,
+                "entries",
+                "a key-window and node epoch appear twice",
+            ));
+        }
+        Ok(Self {
+            owner_epoch: OwnerEpoch(epoch(k, "owner_epoch", m.owner_epoch)?),
+            shard: ShardId(m.shard),
+            node: NodeId(m.node),
+            entries,
+        })
+    }
+}
+
+impl Envelope for FastPathRequest {
+    const KIND: &'static str = "fast_path_request";
+    const MAX_BYTES: usize = FAST_PATH_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        wire::FastPathRequest {
+            schema_version: SCHEMA_VERSION,
+            node: self.node.0,
+            node_epoch: self.node_epoch.0,
+            shard: self.shard.0,
+            request_id: self.request_id,
+            owner_epoch_seen: self.owner_epoch_seen.0,
+            entry: Some(wire_report_entry(&self.entry)),
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let k = Self::KIND;
+        let m: wire::FastPathRequest = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        let entry = m.entry.as_ref().ok_or(DecodeError::Missing {
+            kind: k,
+            field: "entry",
+        })?;
+        Ok(Self {
+            node: NodeId(m.node),
+            node_epoch: NodeEpoch(epoch(k, "node_epoch", m.node_epoch)?),
+            shard: ShardId(m.shard),
+            request_id: m.request_id,
+            owner_epoch_seen: OwnerEpoch(m.owner_epoch_seen),
+            entry: report_entry(k, entry)?,
+        })
+    }
+}
+
+impl Envelope for FastPathReply {
+    const KIND: &'static str = "fast_path_reply";
+    const MAX_BYTES: usize = FAST_PATH_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        use wire::fast_path_reply::Outcome;
+        let outcome = match self.outcome {
+            FastPathOutcome::Granted(g) => Outcome::Granted(wire_grant_entry(&g)),
+            FastPathOutcome::Refused { exhausted } => Outcome::Refused(wire::Refused { exhausted }),
+            FastPathOutcome::Withheld => Outcome::Withheld(wire::Withheld {}),
+        };
+        wire::FastPathReply {
+            schema_version: SCHEMA_VERSION,
+            owner_epoch: self.owner_epoch.0,
+            shard: self.shard.0,
+            request_id: self.request_id,
+            outcome: Some(outcome),
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        use wire::fast_path_reply::Outcome;
+        let k = Self::KIND;
+        let m: wire::FastPathReply = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        let outcome = match m.outcome.as_ref().ok_or(DecodeError::Missing {
+            kind: k,
+            field: "outcome",
+        })? {
+            Outcome::Granted(g) => FastPathOutcome::Granted(grant_entry(k, g)?),
+            Outcome::Refused(r) => FastPathOutcome::Refused {
+                exhausted: r.exhausted,
+            },
+            Outcome::Withheld(_) => FastPathOutcome::Withheld,
+        };
+        Ok(Self {
+            owner_epoch: OwnerEpoch(epoch(k, "owner_epoch", m.owner_epoch)?),
+            shard: ShardId(m.shard),
+            request_id: m.request_id,
+            outcome,
+        })
+    }
+}
+
+impl Envelope for LimitEvent {
+    const KIND: &'static str = "limit_event";
+    const MAX_BYTES: usize = LIMIT_EVENT_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        let reason = match self.reason {
+            LimitReason::Exhausted => wire::LimitReason::Exhausted,
+            LimitReason::FastPathDeadline => wire::LimitReason::FastPathDeadline,
+            LimitReason::Backstop => wire::LimitReason::Backstop,
+        };
+        wire::LimitEvent {
+            schema_version: SCHEMA_VERSION,
+            key_id: self.key.to_bytes().to_vec(),
+            window: Some(wire_window(self.window)),
+            node: self.node.0,
+            at_ms: self.at_ms,
+            correlation_id: self.correlation_id.clone(),
+            reason: reason as i32,
+            degraded: self.degraded,
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let k = Self::KIND;
+        let m: wire::LimitEvent = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        if m.correlation_id.len() > CORRELATION_ID_BYTES_MAX {
+            return Err(invalid(k, "correlation_id", "longer than 64 bytes"));
+        }
+        let reason = match wire::LimitReason::try_from(m.reason) {
+            Ok(wire::LimitReason::Exhausted) => LimitReason::Exhausted,
+            Ok(wire::LimitReason::FastPathDeadline) => LimitReason::FastPathDeadline,
+            Ok(wire::LimitReason::Backstop) => LimitReason::Backstop,
+            _ => return Err(invalid(k, "reason", "unspecified or unknown")),
+        };
+        Ok(Self {
+            key: key_id(k, &m.key_id)?,
+            window: window(k, m.window.as_ref())?,
+            node: NodeId(m.node),
+            at_ms: m.at_ms,
+            correlation_id: m.correlation_id,
+            reason,
+            degraded: m.degraded,
+        })
+    }
+}
+
+fn window_specs(
+    kind: &'static str,
+    specs: &[wire::WindowSpec],
+    allow_empty: bool,
+) -> Result<Vec<WindowSpec>, DecodeError> {
+    if specs.is_empty() && allow_empty {
+        return Ok(Vec::new());
+    }
+    if specs.is_empty() || specs.len() > PLAN_WINDOWS_MAX {
+        return Err(invalid(kind, "windows", "a plan needs 1 to 4 windows"));
+    }
+    let mut out: Vec<WindowSpec> = Vec::with_capacity(specs.len());
+    for s in specs {
+        if s.length_ms == 0 || s.length_ms > WINDOW_LENGTH_MS_MAX || s.limit > WINDOW_LIMIT_MAX {
+            return Err(invalid(
+                kind,
+                "windows",
+                "length 1 ms to 1 day, limit within 40 bits",
+            ));
+        }
+        if out.iter().any(|o| o.length_ms == s.length_ms) {
+            return Err(invalid(kind, "windows", "two windows of the same length"));
+        }
+        out.push(WindowSpec {
+            length_ms: s.length_ms,
+            limit: s.limit,
+        });
+    }
+    Ok(out)
+}
+
+fn wire_specs(specs: &[WindowSpec]) -> Vec<wire::WindowSpec> {
+    specs
+        .iter()
+        .map(|s| wire::WindowSpec {
+            length_ms: s.length_ms,
+            limit: s.limit,
+        })
+        .collect()
+}
+
+impl Envelope for PolicySnapshot {
+    const KIND: &'static str = "policy_snapshot";
+    const MAX_BYTES: usize = POLICY_SNAPSHOT_BYTES_MAX;
+
+    fn encode(&self) -> Vec<u8> {
+        wire::PolicySnapshot {
+            schema_version: SCHEMA_VERSION,
+            version: self.version,
+            plans: self
+                .plans
+                .iter()
+                .map(|p| wire::Plan {
+                    id: p.id,
+                    name: p.name.clone(),
+                    windows: wire_specs(&p.windows),
+                })
+                .collect(),
+            keys: self
+                .keys
+                .iter()
+                .map(|a| wire::KeyAssignment {
+                    key_id: a.key.to_bytes().to_vec(),
+                    plan_id: a.plan_id,
+                    override_windows: wire_specs(&a.override_windows),
+                })
+                .collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let k = Self::KIND;
+        let m: wire::PolicySnapshot = parse(k, Self::MAX_BYTES, bytes)?;
+        version(k, m.schema_version)?;
+        count(k, "plans", m.plans.len(), POLICY_PLANS_MAX)?;
+        count(k, "keys", m.keys.len(), POLICY_KEYS_MAX)?;
+        let mut plans = Vec::with_capacity(m.plans.len());
+        let mut ids = HashSet::new();
+        for p in &m.plans {
+            if p.name.len() > PLAN_NAME_BYTES_MAX {
+                return Err(invalid(k, "plans.name", "longer than 64 bytes"));
+            }
+            if !ids.insert(p.id) {
+                return Err(invalid(k, "plans.id", "duplicate plan id"));
+            }
+            plans.push(Plan {
+                id: p.id,
+                name: p.name.clone(),
+                windows: window_specs(k, &p.windows, false)?,
+            });
+        }
+        let mut keys = Vec::with_capacity(m.keys.len());
+        let mut seen = HashSet::new();
+        for a in &m.keys {
+            let key = key_id(k, &a.key_id)?;
+            if !seen.insert(key) {
+                return Err(invalid(k, "keys", "a key is assigned twice"));
+            }
+            if !ids.contains(&a.plan_id) {
+                return Err(invalid(k, "keys.plan_id", "names no plan in the snapshot"));
+            }
+            keys.push(KeyAssignment {
+                key,
+                plan_id: a.plan_id,
+                override_windows: window_specs(k, &a.override_windows, true)?,
+            });
+        }
+        Ok(Self {
+            version: m.version,
+            plans,
+            keys,
+        })
+    }
+}
