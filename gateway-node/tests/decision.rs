@@ -238,3 +238,84 @@ fn a_full_map_fails_open_within_the_backstop_floor() {
         matches!(outcomes[49], Decision::Deny(d) if d.reason == LimitReason::Backstop && d.degraded)
     );
 }
+
+/// D7: over the cap, only buckets with no credit are evicted, and an evicted key's spend is
+/// not forgotten when it comes back in the same window.
+#[test]
+fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
+    let policy = gateway_node::KeyPolicy::new(
+        &[WindowSpec {
+            length_ms: 60_000,
+            limit: 10,
+        }],
+        25,
+    )
+    .unwrap();
+    let mut node = leasing_node(1);
+    let surface = node.surface().clone();
+    let cap = surface.config().bucket_cap;
+    let k0 = key(0);
+    let _ = surface.decide(k0, T0.wall_ms, &policy);
+    node.handle_tick(T0);
+    let kw0 = KeyWindow {
+        key: k0,
+        window: window_at(k0, 60_000, T0.wall_ms),
+    };
+    let grant = GrantBatch {
+        owner_epoch: OwnerEpoch(1),
+        shard: bus_schemas::ShardId(0),
+        node: node.node(),
+        entries: vec![GrantEntry {
+            key_window: kw0,
+            node_epoch: node.epoch(),
+            grant_seq: 1,
+            credit_total: 3,
+            exhausted: false,
+        }],
+    };
+    node.handle_grant_batch(T0, &grant);
+    for _ in 0..3 {
+        assert_eq!(surface.decide(k0, T0.wall_ms, &policy), Decision::Admit);
+    }
+    // k1 holds credit and must survive; the flood of new keys holds none.
+    let k1 = key(1);
+    let _ = surface.decide(k1, T0.wall_ms, &policy);
+    node.handle_tick(T0);
+    let kw1 = KeyWindow {
+        key: k1,
+        window: window_at(k1, 60_000, T0.wall_ms),
+    };
+    let grant1 = GrantBatch {
+        entries: vec![GrantEntry {
+            key_window: kw1,
+            node_epoch: node.epoch(),
+            grant_seq: 1,
+            credit_total: 5,
+            exhausted: false,
+        }],
+        ..grant.clone()
+    };
+    node.handle_grant_batch(T0, &grant1);
+    for i in 2..cap as u64 {
+        let _ = surface.decide(key(i), T0.wall_ms, &policy);
+    }
+    let later = bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    };
+    node.handle_tick(later);
+    assert!(
+        surface.len() <= cap - cap / 5 + 1,
+        "evicted down to the low-water mark: {}",
+        surface.len()
+    );
+    assert!(node.stats().evictions > 0);
+    assert_eq!(
+        node.line_for(&kw1).unwrap().held_credit,
+        5,
+        "a bucket holding credit is never evicted"
+    );
+    // k0 (zero credit left) may have gone; its spend of 3 is still on the book.
+    assert_eq!(node.line_for(&kw0).unwrap().cumulative_spend, 3);
+    node.check_invariants().unwrap();
+}
