@@ -680,10 +680,9 @@ impl NodeLimiter {
         let target = cap - cap / 5;
         let mut candidates = Vec::new();
         self.surface.for_each(|key, bucket| {
-            let empty =
-                bucket.slots.iter().flatten().all(|w| {
-                    credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0
-                });
+            let empty = bucket
+                .all_words()
+                .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
             if empty {
                 let idle_rounds = self
                     .keys
@@ -698,9 +697,7 @@ impl NodeLimiter {
         let mut evicted = std::collections::HashSet::new();
         for (_, key) in candidates.into_iter().take(excess) {
             let gone = self.surface.evict_if(&key, |b| {
-                b.slots
-                    .iter()
-                    .flatten()
+                b.all_words()
                     .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0)
             });
             if gone {

@@ -39,16 +39,23 @@ impl WindowMeta {
     }
 }
 
-/// One key's state on one node: a pair of credit words per window kind. Laid out hot
-/// fields first (`repr(C)`): a two-window decision touches the first two cache lines only.
+/// One window kind of one key: how to name its current window, and its two credit words.
 #[repr(C)]
+pub(crate) struct WindowCell {
+    meta: WindowMeta,
+    words: [AtomicU64; 2],
+}
+
+/// One key's state on one node. `repr(C, align(64))`: the attempt counter and the first
+/// two windows' cells fill exactly one cache line, so a decision on the reference plan
+/// (1 s and 60 s) touches that line and the key's, nothing else.
+#[repr(C, align(64))]
 pub struct KeyBucket {
-    meta: [WindowMeta; PLAN_WINDOWS_MAX],
-    window_count: u32,
     /// Requests seen, admitted or not: the reconciler turns it into demand (C4) and into
     /// recency for eviction (D7).
     pub(crate) attempts: AtomicU64,
-    pub(crate) slots: [[AtomicU64; 2]; PLAN_WINDOWS_MAX],
+    window_count: u32,
+    cells: [WindowCell; PLAN_WINDOWS_MAX],
     /// The round in which this key last took the fast path (D5: once per round).
     pub(crate) fast_path_round: AtomicU64,
     pub(crate) policy: KeyPolicy,
@@ -56,20 +63,20 @@ pub struct KeyBucket {
 
 impl KeyBucket {
     fn new(key: KeyId, policy: KeyPolicy) -> Self {
-        let mut meta = [WindowMeta::default(); PLAN_WINDOWS_MAX];
-        for (m, w) in meta.iter_mut().zip(policy.windows()) {
-            // Offsets are < length_ms, which is a u32.
-            *m = WindowMeta {
-                length_ms: w.length_ms,
-                offset_ms: key.phase_offset_ms(w.length_ms) as u32,
-            };
-        }
+        let windows = policy.windows();
         Self {
-            meta,
-            window_count: policy.windows().len() as u32,
             attempts: AtomicU64::new(0),
-            slots: std::array::from_fn(|_| {
-                [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]
+            window_count: windows.len() as u32,
+            cells: std::array::from_fn(|i| WindowCell {
+                // Offsets are < length_ms, which is a u32.
+                meta: windows
+                    .get(i)
+                    .map(|w| WindowMeta {
+                        length_ms: w.length_ms,
+                        offset_ms: key.phase_offset_ms(w.length_ms) as u32,
+                    })
+                    .unwrap_or_default(),
+                words: [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)],
             }),
             fast_path_round: AtomicU64::new(u64::MAX),
             policy,
@@ -77,12 +84,18 @@ impl KeyBucket {
     }
 
     #[inline]
-    fn metas(&self) -> &[WindowMeta] {
-        &self.meta[..self.window_count as usize]
+    fn cells(&self) -> &[WindowCell] {
+        &self.cells[..self.window_count as usize]
     }
 
+    /// Every credit word of the bucket, in use or not.
+    pub(crate) fn all_words(&self) -> impl Iterator<Item = &AtomicU64> {
+        self.cells.iter().flat_map(|c| c.words.iter())
+    }
+
+    #[inline]
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
-        &self.slots[slot][credit::parity(window.number)]
+        &self.cells[slot].words[credit::parity(window.number)]
     }
 
     /// Credit held in the named window (0 if the word holds another window).
@@ -335,12 +348,17 @@ impl DecisionSurface {
         deadline_missed: bool,
     ) -> Decision {
         bucket.attempts.fetch_add(1, Ordering::Relaxed);
-        let metas = bucket.metas();
+        let cells = bucket.cells();
         let mut charged = 0usize;
         let mut failed = None;
-        for (i, meta) in metas.iter().enumerate() {
-            let w = meta.window_at(wall_ms);
-            if credit::try_charge(bucket.word(i, w), credit::tag_of(w.number)).is_err() {
+        for (i, cell) in cells.iter().enumerate() {
+            let w = cell.meta.window_at(wall_ms);
+            if credit::try_charge(
+                &cell.words[credit::parity(w.number)],
+                credit::tag_of(w.number),
+            )
+            .is_err()
+            {
                 failed = Some(i);
                 break;
             }
@@ -349,9 +367,12 @@ impl DecisionSurface {
         let Some(first_short) = failed else {
             return Decision::Admit;
         };
-        for (i, meta) in metas.iter().enumerate().take(charged) {
-            let w = meta.window_at(wall_ms);
-            credit::refund(bucket.word(i, w), credit::tag_of(w.number));
+        for cell in cells.iter().take(charged) {
+            let w = cell.meta.window_at(wall_ms);
+            credit::refund(
+                &cell.words[credit::parity(w.number)],
+                credit::tag_of(w.number),
+            );
         }
         let round = self.round.load(Ordering::Relaxed);
         self.deny_or_fast_path(
