@@ -128,7 +128,12 @@ fn policy() -> PolicySnapshot {
 }
 
 fn fixture<E: Envelope + PartialEq + std::fmt::Debug>(name: &str, value: &E) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // Read at run time: a test binary reused from a shared target cache may have been
+    // compiled in another checkout of the same tree, and `env!` would point there.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let path = manifest_dir
         .join("tests/fixtures/v1")
         .join(format!("{name}.bin"));
     if std::env::var_os("FOLDGATE_REGEN_FIXTURES").is_some() {

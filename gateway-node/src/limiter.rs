@@ -199,7 +199,7 @@ impl WindowRecord {
 
 #[derive(Clone, Debug, Default)]
 struct KeyTrack {
-    last_attempts: u64,
+    last_attempts: u32,
     /// Smoothed requests per round, in thousandths.
     demand_milli: u64,
     last_round_milli: u64,
@@ -411,7 +411,7 @@ impl NodeLimiter {
         surface.for_each(|key, bucket| {
             let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
             let track = self.keys.entry(key).or_default();
-            let delta = attempts.saturating_sub(track.last_attempts);
+            let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
             track.last_attempts = attempts;
             // Peak-biased smoothing: rises within one round, decays over about eight, so a
             // burst is seen at once and a pause does not strand the next window's grant.

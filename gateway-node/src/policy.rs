@@ -6,10 +6,15 @@ use std::collections::HashMap;
 use bus_schemas::limits::PLAN_WINDOWS_MAX;
 use bus_schemas::{KeyId, PolicySnapshot, WindowSpec};
 
+use crate::window::Reciprocal;
+
 /// The windows that apply to one key after overrides (S3: one or more fixed windows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyPolicy {
     windows: [WindowSpec; PLAN_WINDOWS_MAX],
+    /// Per window, its length as a precomputed reciprocal: the decision names the current
+    /// window without a hardware divide (see `Reciprocal`).
+    lengths: [Reciprocal; PLAN_WINDOWS_MAX],
     window_count: u8,
 }
 
@@ -49,8 +54,15 @@ impl KeyPolicy {
         }
         Ok(Self {
             windows: out,
+            lengths: std::array::from_fn(|i| Reciprocal::new(out[i].length_ms.max(1))),
             window_count: windows.len() as u8,
         })
+    }
+
+    /// Window `slot`'s length as a reciprocal (slots past the plan's windows divide by 1).
+    #[inline]
+    pub fn length(&self, slot: usize) -> Reciprocal {
+        self.lengths[slot]
     }
 
     pub fn windows(&self) -> &[WindowSpec] {

@@ -7,7 +7,7 @@
 //! and one compare-and-swap per window. No allocation, no syscall, no await.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use bus_schemas::limits::PLAN_WINDOWS_MAX;
 use bus_schemas::{KeyId, LimitReason, WindowId};
@@ -16,7 +16,7 @@ use dashmap::mapref::one::Ref;
 
 use crate::credit::{self, EMPTY_WORD};
 use crate::policy::KeyPolicy;
-use crate::window::{window_at, window_end_ms};
+use crate::window::{Reciprocal, window_at, window_end_ms};
 
 /// Per window kind, what the request path needs to name the current window: its length
 /// and the key's phase offset, computed once at insert so a decision does one division
@@ -29,9 +29,17 @@ pub(crate) struct WindowMeta {
 }
 
 impl WindowMeta {
+    /// `length` is the caller's policy's reciprocal for this slot. It is used only when it
+    /// divides by this cell's own length, so a caller holding a newer policy (P1) still
+    /// gets the bucket's window, just by the slower hardware divide.
     #[inline]
-    fn window_at(self, wall_ms: u64) -> WindowId {
-        let number = wall_ms.saturating_sub(u64::from(self.offset_ms)) / u64::from(self.length_ms);
+    fn window_at(self, wall_ms: u64, length: Reciprocal) -> WindowId {
+        let since_ms = wall_ms.saturating_sub(u64::from(self.offset_ms));
+        let number = if length.divisor() == u64::from(self.length_ms) {
+            length.div(since_ms)
+        } else {
+            since_ms / u64::from(self.length_ms)
+        };
         WindowId {
             length_ms: self.length_ms,
             number,
@@ -46,56 +54,101 @@ pub(crate) struct WindowCell {
     words: [AtomicU64; 2],
 }
 
-/// One key's state on one node. `repr(C, align(64))`: the attempt counter and the first
-/// two windows' cells fill exactly one cache line, so a decision on the reference plan
-/// (1 s and 60 s) touches that line and the key's, nothing else.
-#[repr(C, align(64))]
+/// How many window cells live inline in the map entry. The reference plan has two windows
+/// (1 s and 60 s), and a plan with more keeps the rest in the bucket's cold box.
+pub(crate) const INLINE_WINDOWS: usize = 2;
+
+/// One key's state on one node, exactly one cache line: the decision on a plan of up to
+/// two windows reads and writes only this and the map's copy of the key. Everything the
+/// request path does not touch lives behind `cold`, so the map's table stays small enough
+/// (~96 bytes an entry) that 10^5 keys sit in the last-level cache and, more to the point on
+/// a VM, in few enough pages that the TLB keeps up (BENCHMARKS.md, run 4).
+#[repr(C)]
 pub struct KeyBucket {
-    /// Requests seen, admitted or not: the reconciler turns it into demand (C4) and into
-    /// recency for eviction (D7).
-    pub(crate) attempts: AtomicU64,
-    window_count: u32,
-    cells: [WindowCell; PLAN_WINDOWS_MAX],
-    /// The round in which this key last took the fast path (D5: once per round).
-    pub(crate) fast_path_round: AtomicU64,
-    pub(crate) policy: KeyPolicy,
+    /// Requests seen, admitted or not, wrapping: the reconciler turns the per-round
+    /// difference into demand (C4) and recency for eviction (D7). 2^32 requests to one
+    /// key between two rounds is beyond any plan this node can serve.
+    pub(crate) attempts: AtomicU32,
+    /// Low 16 bits of the round in which this key last took the fast path (D5: once per
+    /// round). A key whose last fast path was exactly 65,536 rounds (27 min) ago is
+    /// refused one fast path: a harmless, rare false positive that buys the line its room.
+    pub(crate) fast_path_round: AtomicU16,
+    window_count: u8,
+    cells: [WindowCell; INLINE_WINDOWS],
+    cold: Box<ColdBucket>,
+}
+
+/// The part of a bucket that only the reconciler and plans of more than two windows read.
+struct ColdBucket {
+    policy: KeyPolicy,
+    cells: [WindowCell; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
+}
+
+const _: () = assert!(std::mem::size_of::<KeyBucket>() == 64);
+
+fn new_cell(key: KeyId, policy: &KeyPolicy, i: usize) -> WindowCell {
+    WindowCell {
+        // Offsets are < length_ms, which is a u32.
+        meta: policy
+            .windows()
+            .get(i)
+            .map(|w| WindowMeta {
+                length_ms: w.length_ms,
+                offset_ms: key.phase_offset_ms(w.length_ms) as u32,
+            })
+            .unwrap_or_default(),
+        words: [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)],
+    }
+}
+
+/// Round numbers as the bucket stores them (see `KeyBucket::fast_path_round`).
+#[inline]
+pub(crate) fn round_tag(round: u64) -> u16 {
+    round as u16
 }
 
 impl KeyBucket {
+    /// Allocates the cold box: a new key's first request is the one decision that may
+    /// allocate (D4's "common path" is every later one; `tests/no_alloc.rs`).
     fn new(key: KeyId, policy: KeyPolicy) -> Self {
-        let windows = policy.windows();
         Self {
-            attempts: AtomicU64::new(0),
-            window_count: windows.len() as u32,
-            cells: std::array::from_fn(|i| WindowCell {
-                // Offsets are < length_ms, which is a u32.
-                meta: windows
-                    .get(i)
-                    .map(|w| WindowMeta {
-                        length_ms: w.length_ms,
-                        offset_ms: key.phase_offset_ms(w.length_ms) as u32,
-                    })
-                    .unwrap_or_default(),
-                words: [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)],
+            attempts: AtomicU32::new(0),
+            // One tag short of round 0, so the first round's fast path is never refused.
+            fast_path_round: AtomicU16::new(u16::MAX),
+            window_count: policy.windows().len() as u8,
+            cells: std::array::from_fn(|i| new_cell(key, &policy, i)),
+            cold: Box::new(ColdBucket {
+                policy,
+                cells: std::array::from_fn(|i| new_cell(key, &policy, i + INLINE_WINDOWS)),
             }),
-            fast_path_round: AtomicU64::new(u64::MAX),
-            policy,
         }
     }
 
     #[inline]
-    fn cells(&self) -> &[WindowCell] {
-        &self.cells[..self.window_count as usize]
+    fn cell(&self, slot: usize) -> &WindowCell {
+        if slot < INLINE_WINDOWS {
+            &self.cells[slot]
+        } else {
+            &self.cold.cells[slot - INLINE_WINDOWS]
+        }
+    }
+
+    #[inline]
+    fn window_count(&self) -> usize {
+        usize::from(self.window_count)
     }
 
     /// Every credit word of the bucket, in use or not.
     pub(crate) fn all_words(&self) -> impl Iterator<Item = &AtomicU64> {
-        self.cells.iter().flat_map(|c| c.words.iter())
+        self.cells
+            .iter()
+            .chain(self.cold.cells.iter())
+            .flat_map(|c| c.words.iter())
     }
 
     #[inline]
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
-        &self.cells[slot].words[credit::parity(window.number)]
+        &self.cell(slot).words[credit::parity(window.number)]
     }
 
     /// Credit held in the named window (0 if the word holds another window).
@@ -109,7 +162,7 @@ impl KeyBucket {
     }
 
     pub fn policy(&self) -> &KeyPolicy {
-        &self.policy
+        &self.cold.policy
     }
 }
 
@@ -290,7 +343,7 @@ impl DecisionSurface {
             return self.fail_open(key, wall_ms, policy);
         }
         match self.buckets.get(&key) {
-            Some(bucket) => self.decide_in(&bucket, key, wall_ms, flags, true, false),
+            Some(bucket) => self.decide_in(&bucket, key, wall_ms, policy, flags, true, false),
             None => self.decide_new(key, wall_ms, policy, flags),
         }
     }
@@ -309,7 +362,9 @@ impl DecisionSurface {
             return self.fail_open(key, wall_ms, policy);
         }
         match self.buckets.get(&key) {
-            Some(bucket) => self.decide_in(&bucket, key, wall_ms, flags, false, deadline_missed),
+            Some(bucket) => {
+                self.decide_in(&bucket, key, wall_ms, policy, flags, false, deadline_missed)
+            }
             None => self.fail_open(key, wall_ms, policy),
         }
     }
@@ -334,25 +389,28 @@ impl DecisionSurface {
             .entry(key)
             .or_insert_with(|| KeyBucket::new(key, *policy))
             .downgrade();
-        self.decide_in(&bucket, key, wall_ms, flags, true, false)
+        self.decide_in(&bucket, key, wall_ms, policy, flags, true, false)
     }
 
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn decide_in(
         &self,
         bucket: &Ref<'_, KeyId, KeyBucket>,
         key: KeyId,
         wall_ms: u64,
+        policy: &KeyPolicy,
         flags: u32,
         fast_path_allowed: bool,
         deadline_missed: bool,
     ) -> Decision {
         bucket.attempts.fetch_add(1, Ordering::Relaxed);
-        let cells = bucket.cells();
+        let count = bucket.window_count();
         let mut charged = 0usize;
         let mut failed = None;
-        for (i, cell) in cells.iter().enumerate() {
-            let w = cell.meta.window_at(wall_ms);
+        for i in 0..count {
+            let cell = bucket.cell(i);
+            let w = cell.meta.window_at(wall_ms, policy.length(i));
             if credit::try_charge(
                 &cell.words[credit::parity(w.number)],
                 credit::tag_of(w.number),
@@ -367,8 +425,9 @@ impl DecisionSurface {
         let Some(first_short) = failed else {
             return Decision::Admit;
         };
-        for cell in cells.iter().take(charged) {
-            let w = cell.meta.window_at(wall_ms);
+        for i in 0..charged {
+            let cell = bucket.cell(i);
+            let w = cell.meta.window_at(wall_ms, policy.length(i));
             credit::refund(
                 &cell.words[credit::parity(w.number)],
                 credit::tag_of(w.number),
@@ -412,7 +471,7 @@ impl DecisionSurface {
         let mut all_short_exhausted = true;
         let mut wait_ms = 0u64;
         let mut denying = None;
-        for (i, spec) in bucket.policy.windows().iter().enumerate() {
+        for (i, spec) in bucket.policy().windows().iter().enumerate() {
             let w = window_at(key, spec.length_ms, wall_ms);
             let word = bucket.word(i, w).load(Ordering::Acquire);
             let ours = credit::word_tag(word) == credit::tag_of(w.number);
@@ -436,6 +495,7 @@ impl DecisionSurface {
         // An owner that declared every short window exhausted has nothing to give: asking
         // again each round would only spend the fast-path budget (A48).
         if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !all_short_exhausted {
+            let round = round_tag(round);
             let seen = bucket.fast_path_round.load(Ordering::Relaxed);
             if seen != round
                 && bucket
@@ -453,7 +513,7 @@ impl DecisionSurface {
         let window = denying.unwrap_or_else(|| {
             // The word was refilled between the failed charge and this look; name the
             // window that failed anyway.
-            let spec = bucket.policy.windows()[first_short];
+            let spec = bucket.policy().windows()[first_short];
             window_at(key, spec.length_ms, wall_ms)
         });
         Decision::Deny(Denial {
