@@ -36,7 +36,7 @@ impl WindowMeta {
     fn window_at(self, wall_ms: u64, length: Reciprocal) -> WindowId {
         let since_ms = wall_ms.saturating_sub(u64::from(self.offset_ms));
         let number = if length.divisor() == u64::from(self.length_ms) {
-            length.div(since_ms)
+            length.quotient(since_ms)
         } else {
             since_ms / u64::from(self.length_ms)
         };

@@ -47,7 +47,7 @@ impl Reciprocal {
     }
 
     #[inline]
-    pub fn div(self, x: u64) -> u64 {
+    pub fn quotient(self, x: u64) -> u64 {
         debug_assert!(x < 1 << 63);
         let q = ((u128::from(x) * u128::from(self.multiplier)) >> 64) as u64;
         if x - q * self.divisor >= self.divisor {
@@ -95,7 +95,7 @@ mod tests {
                 xs.push((x >> 22) % (1 << 42));
             }
             for x in xs {
-                assert_eq!(r.div(x), x / d64, "{x} / {d}");
+                assert_eq!(r.quotient(x), x / d64, "{x} / {d}");
             }
         }
     }
