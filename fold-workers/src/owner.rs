@@ -538,6 +538,23 @@ impl FoldOwner {
         }
         Ok(())
     }
+
+    /// The same check for the named key-windows only (those a message just touched). A
+    /// breach halts the owner exactly as a full check would.
+    pub fn check_key_windows<'a>(
+        &mut self,
+        kws: impl IntoIterator<Item = &'a KeyWindow>,
+    ) -> Result<(), OwnerInvariantError> {
+        for kw in kws {
+            if let Some(ledger) = self.ledgers.get(kw)
+                && let Err(e) = check_ledger(&self.config, kw, ledger)
+            {
+                self.halted = Some(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
 }
 
 fn config_reserve(config: &OwnerConfig, allowance: u64) -> u64 {

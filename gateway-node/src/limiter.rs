@@ -951,51 +951,76 @@ impl NodeLimiter {
     /// The node-side safety properties (ARCHITECTURE.md, "Invariants"), checked after
     /// every step by the tests and the simulator.
     pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
-        let mut floors = Vec::new();
+        let mut floors = Vec::with_capacity(self.records.len());
         for (kw, rec) in &self.records {
-            if rec.applied_grant > rec.allowance + rec.returned {
-                return Err(NodeInvariantError::GrantAboveAllowance {
-                    kw: *kw,
-                    applied: rec.applied_grant,
-                    allowance: rec.allowance,
-                });
-            }
-            if rec.place == Place::Live {
-                let ours = self.surface.get(&kw.key).is_some_and(|b| {
-                    let w = b
-                        .word(usize::from(rec.slot), kw.window)
-                        .load(std::sync::atomic::Ordering::Acquire);
-                    credit::word_tag(w) == credit::tag_of(kw.window.number)
-                });
-                if !ours {
-                    return Err(NodeInvariantError::WordMismatch { kw: *kw });
-                }
-            }
-            let line = self.line(kw, rec);
-            let used = line.cumulative_spend + line.held_credit + line.returned;
-            if used > rec.received() || line.returned > rec.received() {
-                return Err(NodeInvariantError::CreditOverspent {
-                    kw: *kw,
-                    spend: line.cumulative_spend,
-                    held: line.held_credit,
-                    returned: line.returned,
-                    received: rec.received(),
-                });
-            }
-            if line.cumulative_spend < rec.spend_floor {
-                return Err(NodeInvariantError::SpendWentBackwards {
-                    kw: *kw,
-                    before: rec.spend_floor,
-                    after: line.cumulative_spend,
-                });
-            }
-            floors.push((*kw, line.cumulative_spend));
+            floors.push((*kw, self.check_record(kw, rec)?));
         }
+        self.raise_spend_floors(floors);
+        Ok(())
+    }
+
+    /// The same properties for the named key-windows only (those a message just touched),
+    /// so a simulator can check after every message without a full scan each time.
+    pub fn check_key_windows<'a>(
+        &mut self,
+        kws: impl IntoIterator<Item = &'a KeyWindow>,
+    ) -> Result<(), NodeInvariantError> {
+        let mut floors = Vec::new();
+        for kw in kws {
+            if let Some(rec) = self.records.get(kw) {
+                floors.push((*kw, self.check_record(kw, rec)?));
+            }
+        }
+        self.raise_spend_floors(floors);
+        Ok(())
+    }
+
+    /// Checks one record; returns its cumulative spend, which must never go backwards.
+    fn check_record(&self, kw: &KeyWindow, rec: &WindowRecord) -> Result<u64, NodeInvariantError> {
+        if rec.applied_grant > rec.allowance + rec.returned {
+            return Err(NodeInvariantError::GrantAboveAllowance {
+                kw: *kw,
+                applied: rec.applied_grant,
+                allowance: rec.allowance,
+            });
+        }
+        if rec.place == Place::Live {
+            let ours = self.surface.get(&kw.key).is_some_and(|b| {
+                let w = b
+                    .word(usize::from(rec.slot), kw.window)
+                    .load(std::sync::atomic::Ordering::Acquire);
+                credit::word_tag(w) == credit::tag_of(kw.window.number)
+            });
+            if !ours {
+                return Err(NodeInvariantError::WordMismatch { kw: *kw });
+            }
+        }
+        let line = self.line(kw, rec);
+        let used = line.cumulative_spend + line.held_credit + line.returned;
+        if used > rec.received() || line.returned > rec.received() {
+            return Err(NodeInvariantError::CreditOverspent {
+                kw: *kw,
+                spend: line.cumulative_spend,
+                held: line.held_credit,
+                returned: line.returned,
+                received: rec.received(),
+            });
+        }
+        if line.cumulative_spend < rec.spend_floor {
+            return Err(NodeInvariantError::SpendWentBackwards {
+                kw: *kw,
+                before: rec.spend_floor,
+                after: line.cumulative_spend,
+            });
+        }
+        Ok(line.cumulative_spend)
+    }
+
+    fn raise_spend_floors(&mut self, floors: Vec<(KeyWindow, u64)>) {
         for (kw, spend) in floors {
             if let Some(rec) = self.records.get_mut(&kw) {
                 rec.spend_floor = spend;
             }
         }
-        Ok(())
     }
 }

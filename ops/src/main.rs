@@ -1,21 +1,12 @@
-//! `foldgate`: the operator CLI.
-//!
-//! `foldgate demo` is the embedded default main job: an in-process fleet of node limiters
-//! and fold owners (the same sans-IO state machines the services run) on an in-memory bus,
-//! driven with pinned traffic on a virtual clock. It prints one JSON object: what was
-//! offered, admitted and denied, and the worst over-admission of any closed key-window.
+//! `foldgate`: the operator CLI. `foldgate sim` is the embedded default main job: it needs
+//! nothing installed (see `ops::sim`).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::io::Write;
+use std::time::Instant;
 
-use anyhow::{Result, bail};
-use bus_schemas::{KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ShardId, WindowSpec};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use fold_workers::{FoldOwner, OwnerConfig, OwnerMode};
-use gateway_node::window::{window_at, window_end_ms};
-use gateway_node::{
-    Decision, DecisionSurface, KeyPolicy, Mode, NodeConfig, NodeLimiter, SurfaceConfig, Transmit,
-};
+use ops::sim::{self, Scenario, SimConfig, SimMode, SimReport};
 
 #[derive(Parser)]
 #[command(name = "foldgate", about = "Foldgate operator CLI")]
@@ -26,185 +17,143 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run an in-process fleet with pinned traffic and report its accuracy (needs nothing
-    /// installed).
-    Demo {
-        #[arg(long, default_value_t = 5)]
-        nodes: u32,
-        #[arg(long, default_value_t = 200)]
-        keys: u32,
-        /// Simulated seconds.
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        /// Offered requests per second per key (the plan allows 50/s and 2,400/min).
-        #[arg(long, default_value_t = 60)]
-        rate: u64,
-        #[arg(long, value_parser = ["leasing", "fixed"], default_value = "leasing")]
-        mode: String,
-    },
+    /// Simulate a fleet (node limiters, fold owners, bus) on a virtual clock and measure
+    /// over- and under-admission against an exact oracle.
+    Sim(SimArgs),
+}
+
+#[derive(clap::Args)]
+struct SimArgs {
+    #[arg(long, value_enum, default_value = "pinned")]
+    scenario: Scenario,
+    #[arg(long, value_enum, default_value = "leasing")]
+    mode: SimMode,
+    #[arg(long, default_value_t = 20)]
+    nodes: u32,
+    #[arg(long, default_value_t = 1_000)]
+    keys: u32,
+    /// Simulated seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run this many seeds from --seed and aggregate them.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// Offered requests per second, fleet-wide.
+    #[arg(long, default_value_t = 5_000)]
+    rate: u64,
+    /// Bus message loss, percent.
+    #[arg(long = "loss", default_value_t = 0.0)]
+    loss_pct: f64,
+    /// Bus message duplication, percent.
+    #[arg(long = "dup", default_value_t = 0.0)]
+    dup_pct: f64,
+    /// Bus messages held back past later ones (up to 2 rounds), percent.
+    #[arg(long = "reorder", default_value_t = 0.0)]
+    reorder_pct: f64,
+    /// Largest difference between two nodes' clocks, ms.
+    #[arg(long, default_value_t = 0)]
+    skew_ms: u64,
+    /// The plan's 1 s limit (default: 80% of a key's mean offered rate).
+    #[arg(long = "limit-1s")]
+    limit_1s: Option<u64>,
+    /// The plan's 60 s limit (default: 30 s of a key's mean offered rate).
+    #[arg(long = "limit-60s")]
+    limit_60s: Option<u64>,
+    /// `partition`: when the bus is cut, s (default: 20% into the run).
+    #[arg(long)]
+    cut_at_s: Option<u64>,
+    /// `partition`: how long it stays cut, s (default: 35 s, at most 60% of the run).
+    #[arg(long)]
+    cut_s: Option<u64>,
+    /// F5: how long a node waits before it reports degraded, ms.
+    #[arg(long, default_value_t = 30_000)]
+    degraded_after_ms: u64,
+    /// Skip the codec round trip of every envelope (faster; the tests keep it on).
+    #[arg(long)]
+    no_codec: bool,
+    /// Full invariant checks every this many rounds (per-message checks always run).
+    #[arg(long, default_value_t = 1)]
+    full_check_rounds: u64,
+    /// Threads for --seeds.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Print one JSON object instead of a short text summary.
+    #[arg(long)]
+    json: bool,
+    /// Write one CSV row per closed key-window.
+    #[arg(long)]
+    admissions_out: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Demo {
-            nodes,
-            keys,
-            seconds,
-            rate,
-            mode,
-        } => demo(nodes, keys, seconds, rate, &mode),
+        Command::Sim(args) => run_sim(args),
     }
 }
 
-fn demo(node_count: u32, key_count: u32, seconds: u64, rate: u64, mode: &str) -> Result<()> {
-    if node_count < 2 || key_count == 0 || seconds == 0 || rate == 0 {
-        bail!("--nodes must be >= 2 and --keys, --seconds, --rate positive");
+fn run_sim(a: SimArgs) -> Result<()> {
+    if a.seeds == 0 || a.full_check_rounds == 0 {
+        bail!("--seeds and --full-check-rounds must be at least 1");
     }
-    let (node_mode, owner_mode) = if mode == "fixed" {
-        (Mode::Fixed, OwnerMode::Fixed)
+    let cfg = SimConfig {
+        scenario: a.scenario,
+        mode: a.mode,
+        nodes: a.nodes,
+        keys: a.keys,
+        seconds: a.seconds,
+        seed: a.seed,
+        rate: a.rate,
+        loss_pct: a.loss_pct,
+        dup_pct: a.dup_pct,
+        reorder_pct: a.reorder_pct,
+        skew_ms: a.skew_ms,
+        limit_1s: a.limit_1s,
+        limit_60s: a.limit_60s,
+        cut_at_s: a.cut_at_s,
+        cut_s: a.cut_s,
+        codec: !a.no_codec,
+        full_check_rounds: a.full_check_rounds,
+        degraded_after_ms: a.degraded_after_ms,
+    };
+    let started = Instant::now();
+    let outcomes = sim::run_seeds(&cfg, a.seeds, a.threads)?;
+    let wall_ms = started.elapsed().as_millis() as u64;
+    for o in &outcomes {
+        for v in &o.violations {
+            eprintln!("invariant violation: {v}");
+        }
+    }
+    if let Some(path) = &a.admissions_out {
+        let file = std::fs::File::create(path).with_context(|| format!("{}", path.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        sim::write_admissions_csv(&mut w, &outcomes)?;
+        w.flush()?;
+    }
+    let report = SimReport::build(&cfg, a.seeds, &outcomes, wall_ms);
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
     } else {
-        (Mode::Leasing, OwnerMode::Leasing)
-    };
-    let round_ms = 25u32;
-    let shards = node_count;
-    let windows = [
-        WindowSpec {
-            length_ms: 1_000,
-            limit: 50,
-        },
-        WindowSpec {
-            length_ms: 60_000,
-            limit: 2_400,
-        },
-    ];
-    let policy = KeyPolicy::new(&windows, round_ms)?;
-    let mut now = Now {
-        wall_ms: 1_764_720_000_000,
-        mono_ms: 0,
-    };
-    let mut nodes: Vec<NodeLimiter> = (0..node_count)
-        .map(|i| {
-            let config = NodeConfig {
-                fleet_size: node_count,
-                shards,
-                mode: node_mode,
-                ..NodeConfig::reference(NodeId(i))
-            };
-            let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
-            NodeLimiter::new(config, surface, NodeEpoch(1), now)
-        })
-        .collect();
-    let mut owners: Vec<FoldOwner> = (0..shards)
-        .map(|s| {
-            let config = OwnerConfig {
-                shards,
-                fleet_size: node_count,
-                mode: owner_mode,
-                ..OwnerConfig::reference(ShardId(s))
-            };
-            FoldOwner::new(config, OwnerEpoch(1), now, false)
-        })
-        .collect();
-    let keys: Vec<KeyId> = (0..u128::from(key_count))
-        .map(|k| KeyId {
-            version: 1,
-            digest: (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
-        })
-        .collect();
-    // A55: each key's traffic is pinned to two nodes.
-    let home = |k: usize, r: u64| ((k + (r as usize & 1)) % node_count as usize, k);
-
-    let mut admitted_per_kw: BTreeMap<KeyWindow, u64> = BTreeMap::new();
-    let (mut offered, mut admitted, mut denied, mut fast_paths) = (0u64, 0u64, 0u64, 0u64);
-    let per_round_milli = rate * u64::from(round_ms);
-    let mut carry = vec![0u64; keys.len()];
-    let rounds = seconds * 1_000 / u64::from(round_ms);
-    for round in 0..rounds {
-        for (k, key) in keys.iter().enumerate() {
-            carry[k] += per_round_milli;
-            let n = carry[k] / 1_000;
-            carry[k] %= 1_000;
-            for r in 0..n {
-                let (node, _) = home(k, r);
-                offered += 1;
-                let surface = Arc::clone(nodes[node].surface());
-                let mut d = surface.decide(*key, now.wall_ms, &policy);
-                if let Decision::FastPath(need) = d {
-                    fast_paths += 1;
-                    // The in-memory bus answers within the deadline.
-                    nodes[node].handle_fast_path_need(now, need);
-                    while let Some(t) = nodes[node].poll_transmit() {
-                        if let Transmit::FastPath(req) = t {
-                            let reply =
-                                owners[req.shard.0 as usize].handle_fast_path_request(now, &req);
-                            nodes[node].handle_fast_path_reply(now, &reply);
-                        }
-                    }
-                    d = surface.decide_after_fast_path(*key, now.wall_ms, &policy, false);
-                }
-                match d {
-                    Decision::Admit | Decision::FailOpen => {
-                        admitted += 1;
-                        for w in &windows {
-                            let kw = KeyWindow {
-                                key: *key,
-                                window: window_at(*key, w.length_ms, now.wall_ms),
-                            };
-                            *admitted_per_kw.entry(kw).or_default() += 1;
-                        }
-                    }
-                    Decision::Deny(_) => denied += 1,
-                    Decision::FastPath(_) => bail!("fast path offered twice in one round"),
-                }
-            }
-        }
-        for node in nodes.iter_mut() {
-            node.handle_tick(now);
-            while let Some(t) = node.poll_transmit() {
-                if let Transmit::Report(batch) = t {
-                    owners[batch.shard.0 as usize].handle_report_batch(now, &batch);
-                }
-            }
-            node.check_invariants()?;
-        }
-        for owner in owners.iter_mut() {
-            owner.handle_tick(now);
-            owner.check_invariants()?;
-            while let Some(g) = owner.poll_grant() {
-                nodes[g.node.0 as usize].handle_grant_batch(now, &g);
-            }
-        }
-        let _ = round;
-        now.wall_ms += u64::from(round_ms);
-        now.mono_ms += u64::from(round_ms);
+        println!(
+            "{} / {}: {} nodes, {} keys, {} s x {} seed(s): offered {}, admitted {}, over max {}%, under p99 {}%, fast path {}%, violations {}, {} ms",
+            report.scenario.name(),
+            report.mode.name(),
+            report.nodes,
+            report.keys,
+            report.sim_seconds,
+            report.seeds,
+            report.offered,
+            report.admitted,
+            report.over_admission_pct_max,
+            report.under_admission_pct_p99,
+            report.fast_path_share_pct,
+            report.invariant_violations,
+            report.wall_ms
+        );
     }
-    let mut over_max_pct = 0f64;
-    let mut closed = 0u64;
-    for (kw, n) in &admitted_per_kw {
-        if window_end_ms(kw.key, kw.window) > now.wall_ms {
-            continue;
-        }
-        closed += 1;
-        let limit = windows
-            .iter()
-            .find(|w| w.length_ms == kw.window.length_ms)
-            .map(|w| w.limit)
-            .unwrap_or(0);
-        over_max_pct = over_max_pct.max(n.saturating_sub(limit) as f64 * 100.0 / limit as f64);
+    if report.invariant_violations > 0 {
+        bail!("{} invariant violation(s)", report.invariant_violations);
     }
-    let summary = serde_json::json!({
-        "mode": mode,
-        "nodes": node_count,
-        "keys": key_count,
-        "sim_seconds": seconds,
-        "offered": offered,
-        "admitted": admitted,
-        "denied_429": denied,
-        "closed_key_windows": closed,
-        "over_admission_pct_max": over_max_pct,
-        "fast_path_share_pct": fast_paths as f64 * 100.0 / offered.max(1) as f64,
-        "invariant_violations": 0,
-    });
-    println!("{summary}");
     Ok(())
 }
