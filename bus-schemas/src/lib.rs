@@ -5,10 +5,12 @@
 //!   then framing, then schema version — an unknown one rejects the envelope whole — then
 //!   every field). Unknown fields are tolerated.
 //! * [`subjects`] — NATS subjects, the Kafka topic, the policy bucket.
+//! * [`hashing`] — the fast deterministic hasher the state machines' maps share.
 //! * `wire` — prost types generated at build time from `proto/` with a vendored protoc.
 
 pub mod codec;
 pub mod domain;
+pub mod hashing;
 pub mod subjects;
 
 #[doc(hidden)]

@@ -1,12 +1,11 @@
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 
 use bus_schemas::{
     FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyWindow, NodeEpoch,
     NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
 };
 
-type DetMap<K, V> = HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
+use bus_schemas::hashing::DetMap;
 
 /// O1: leasing sizes grants from demand; fixed hands out only the reserve (the nodes take
 /// fixed 1/fleet shares themselves).
@@ -25,8 +24,16 @@ pub struct OwnerConfig {
     pub mode: OwnerMode,
     /// C4/A47: headroom on advertised demand, in thousandths (1250 = h 1.25).
     pub headroom_permille: u64,
-    /// Rounds of demand a grant covers ahead.
+    /// Rounds of demand a grant covers ahead, at most (see `lead_rounds_for`).
     pub lead_rounds: u64,
+    /// A node holds at most 1/this of a window's rounds of its demand ahead: credit held
+    /// ahead is what strands on one node when the pool runs out on another (A2), so a 1 s
+    /// window (40 rounds) gets 2 rounds of lead and a 60 s window the full `lead_rounds`.
+    pub lead_window_divisor: u64,
+    /// Demand is a rate; arrivals are not. On top of `h x demand x lead`, a node holds
+    /// this many standard deviations of Poisson arrivals over the lead, so an ordinary
+    /// burst does not cost a fast path (A48).
+    pub burst_sigmas: u64,
     /// C5: reserve, thousandths of the allowance.
     pub reserve_permille: u64,
     /// C8: rounds a reappearing or self-granting node is withheld.
@@ -53,12 +60,19 @@ impl OwnerConfig {
             mode: OwnerMode::Leasing,
             headroom_permille: 1_250,
             lead_rounds: 8,
+            lead_window_divisor: 20,
+            burst_sigmas: 2,
             reserve_permille: 20,
             withhold_rounds: 1,
             absent_after_rounds: 2,
             takeover_ack_timeout_ms: None,
             ledgers_cap: 1_000_000,
         }
+    }
+
+    pub fn lead_rounds_for(&self, window_length_ms: u32) -> u64 {
+        let window_rounds = u64::from(window_length_ms) / u64::from(self.round_ms.max(1));
+        (window_rounds / self.lead_window_divisor.max(1)).clamp(1, self.lead_rounds.max(1))
     }
 
     fn reserve(&self, allowance: u64) -> u64 {
@@ -111,6 +125,8 @@ struct Line {
     /// Credit total this owner (or, after a takeover, the reports) says was issued.
     granted: u64,
     grant_seq: u64,
+    /// This owner told the node the window is exhausted, so it stops asking (A48).
+    told_exhausted: bool,
 }
 
 impl Line {
@@ -359,8 +375,10 @@ impl FoldOwner {
             self.stats.withheld += 1;
         } else if self.config.mode == OwnerMode::Leasing {
             for entry in &batch.entries {
-                if let Some(g) =
-                    self.size_grant(now, batch.node, batch.node_epoch, entry.key_window, false)
+                let kw = entry.key_window;
+                if let Some(g) = self
+                    .size_grant(now, batch.node, batch.node_epoch, kw, false)
+                    .or_else(|| self.exhaustion_notice(now, batch.node, batch.node_epoch, kw))
                 {
                     grants.push(g);
                 }
@@ -389,12 +407,25 @@ impl FoldOwner {
             return None;
         }
         let config = self.config.clone();
+        let lead_rounds = config.lead_rounds_for(kw.window.length_ms);
         let ledger = self.ledgers.get_mut(&kw)?;
-        let want_of = |l: &Line| -> u64 {
-            let target =
-                (l.demand * config.headroom_permille * config.lead_rounds).div_ceil(1_000_000);
+        // Endgame: once what is left of the pool would not cover every node's full want
+        // twice over, grant one round of demand at a time. Credit held ahead is what
+        // strands on one node while another runs dry at the end of the pool (A2).
+        let available_before = ledger.available(&config);
+        let full_want = |l: &Line| -> u64 {
+            let ahead_milli = l.demand * lead_rounds;
+            let target = (ahead_milli * config.headroom_permille).div_ceil(1_000_000)
+                + burst_allowance(ahead_milli, config.burst_sigmas);
             target.saturating_sub(l.outstanding())
         };
+        let lean_want = |l: &Line| -> u64 {
+            (l.demand * config.headroom_permille)
+                .div_ceil(1_000_000)
+                .saturating_sub(l.outstanding())
+        };
+        let endgame = ledger.lines.values().map(full_want).sum::<u64>() * 2 > available_before;
+        let want_of = |l: &Line| if endgame { lean_want(l) } else { full_want(l) };
         let line = *ledger.lines.get(&(node, epoch))?;
         let mut want = want_of(&line);
         if fast {
@@ -403,7 +434,7 @@ impl FoldOwner {
         if want == 0 {
             return None;
         }
-        let mut available = ledger.available(&config);
+        let mut available = available_before;
         if fast
             && available < want
             && !ledger.reserve_released
@@ -425,15 +456,20 @@ impl FoldOwner {
         if grant == 0 {
             return None;
         }
+        let reserve_left = !ledger.reserve_released && config.reserve(ledger.allowance) > 0;
         let line = ledger.lines.get_mut(&(node, epoch)).expect("read above");
         line.granted = line.issued() + grant;
         line.grant_seq += 1;
+        line.told_exhausted = available == grant && !reserve_left;
+        // Exhausted means nothing is left even for a fast path: while the reserve is
+        // still held, a node that runs dry must be able to ask for it (C5), so its 429s
+        // wait for the next round, not the window boundary (D6).
         let entry = GrantEntry {
             key_window: kw,
             node_epoch: epoch,
             grant_seq: line.grant_seq,
             credit_total: line.granted,
-            exhausted: available == grant,
+            exhausted: line.told_exhausted,
         };
         self.stats.grants += 1;
         self.stats.credit_granted += grant;
@@ -443,6 +479,41 @@ impl FoldOwner {
             return None;
         }
         Some(entry)
+    }
+
+    /// A grant that adds nothing and says the pool is empty, sent once to every node that
+    /// holds a line when the last credit (reserve included) is gone. Without it each
+    /// node would spend a fast path learning it from its first 429 (A48).
+    fn exhaustion_notice(
+        &mut self,
+        now: Now,
+        node: NodeId,
+        epoch: NodeEpoch,
+        kw: KeyWindow,
+    ) -> Option<GrantEntry> {
+        if now.wall_ms >= bus_window_end(kw) {
+            return None;
+        }
+        let config = &self.config;
+        let ledger = self.ledgers.get_mut(&kw)?;
+        let reserve_left = !ledger.reserve_released && config.reserve(ledger.allowance) > 0;
+        if ledger.available(config) > 0 || reserve_left {
+            return None;
+        }
+        let line = ledger.lines.get_mut(&(node, epoch))?;
+        if line.told_exhausted || line.issued() == 0 {
+            return None;
+        }
+        line.granted = line.issued();
+        line.grant_seq += 1;
+        line.told_exhausted = true;
+        Some(GrantEntry {
+            key_window: kw,
+            node_epoch: epoch,
+            grant_seq: line.grant_seq,
+            credit_total: line.granted,
+            exhausted: true,
+        })
     }
 
     /// D5: answered at once, on the request's reply subject.
@@ -489,10 +560,10 @@ impl FoldOwner {
                 reply(FastPathOutcome::Granted(g))
             }
             None => {
-                let exhausted = self
-                    .ledgers
-                    .get(&req.entry.key_window)
-                    .is_some_and(|l| l.available(&self.config) == 0);
+                let exhausted = self.ledgers.get(&req.entry.key_window).is_some_and(|l| {
+                    l.available(&self.config) == 0
+                        && (l.reserve_released || self.config.reserve(l.allowance) == 0)
+                });
                 reply(FastPathOutcome::Refused { exhausted })
             }
         }
@@ -577,6 +648,15 @@ fn check_ledger(
         });
     }
     Ok(())
+}
+
+/// `sigmas` standard deviations of Poisson arrivals whose mean is `mean_milli` / 1000.
+fn burst_allowance(mean_milli: u64, sigmas: u64) -> u64 {
+    if mean_milli == 0 || sigmas == 0 {
+        return 0;
+    }
+    // sqrt(mean) = sqrt(mean_milli * 1000) / 1000, in integers.
+    (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
 }
 
 /// Window end in wall time; the owner needs it only to stop granting and to reap.

@@ -8,8 +8,7 @@
 //! grants (C6), self-grants when the owner is gone (F4), and writes the round's reports
 //! (C1).
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bus_schemas::limits::{PLAN_WINDOWS_MAX, REPORT_ENTRIES_MAX};
@@ -22,8 +21,8 @@ use crate::credit;
 use crate::surface::{DecisionSurface, FastPathNeed, KeyBucket};
 use crate::window::{next_window, window_at, window_end_ms};
 
-/// Deterministic hashing, so the simulator's output depends only on its seed.
-type DetMap<K, V> = HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
+// Deterministic hashing, so the simulator's output depends only on its seed.
+use bus_schemas::hashing::DetMap;
 
 /// O1: the two credit strategies, chosen by configuration (A55's decision gate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,6 +217,12 @@ impl KeyTrack {
 struct ShardLink {
     owner_epoch_seen: OwnerEpoch,
     last_contact_mono_ms: u64,
+    /// The owner epoch this node's reports acknowledge (C8 takeover fence). It trails
+    /// `owner_epoch_seen` until a report of *every* line of the shard has been queued: a
+    /// new owner rebuilds its ledger from reports, and a line that had not changed would
+    /// otherwise stay unreported for up to `refresh_rounds`, its credit unknown to it.
+    acked_epoch: OwnerEpoch,
+    full_report_due: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -267,6 +272,8 @@ impl NodeLimiter {
             .map(|_| ShardLink {
                 owner_epoch_seen: OwnerEpoch(0),
                 last_contact_mono_ms: now.mono_ms,
+                acked_epoch: OwnerEpoch(0),
+                full_report_due: false,
             })
             .collect();
         surface.publish_round(0, now.wall_ms, now.wall_ms + u64::from(config.round_ms));
@@ -417,10 +424,12 @@ impl NodeLimiter {
             // burst is seen at once and a pause does not strand the next window's grant.
             let sample = delta.saturating_mul(1_000);
             track.last_round_milli = sample;
+            // The step is at least 1 so integer decay reaches the sample: a residue that
+            // never reached 0 kept an idle node asking for (and returning) credit forever.
             track.demand_milli = if sample >= track.demand_milli {
-                track.demand_milli + (sample - track.demand_milli) / 8
+                track.demand_milli + (sample - track.demand_milli).div_ceil(8)
             } else {
-                track.demand_milli - (track.demand_milli - sample) / 8
+                track.demand_milli - (track.demand_milli - sample).div_ceil(8)
             };
             track.idle_rounds = if delta == 0 {
                 track.idle_rounds.saturating_add(1)
@@ -618,14 +627,17 @@ impl NodeLimiter {
                 self_granted: line.self_granted,
             };
             let closed = matches!(rec.place, Place::Closed { .. });
-            let due = if closed {
+            let shard = kw.shard(self.config.shards).0 as usize;
+            let due = if self.links[shard].full_report_due {
+                true
+            } else if closed {
                 rec.closed_reports_sent < self.config.closed_reports
             } else {
                 rec.last_reported != Some(reported)
                     || rec.rounds_since_report + 1 >= self.config.refresh_rounds
             };
             if due {
-                per_shard[kw.shard(self.config.shards).0 as usize].push(line);
+                per_shard[shard].push(line);
                 sent.push((*kw, reported));
             }
         }
@@ -645,12 +657,20 @@ impl NodeLimiter {
         // owner uses to see this node (C8) and the acknowledgement of its epoch.
         for (shard, mut entries) in per_shard.into_iter().enumerate() {
             entries.sort_unstable_by_key(|e| e.key_window);
-            let mut chunks = entries.chunks(REPORT_ENTRIES_MAX).peekable();
-            if chunks.peek().is_none() {
-                self.push_report(now, shard, Vec::new());
-            }
-            for chunk in chunks {
-                self.push_report(now, shard, chunk.to_vec());
+            let chunk_count = entries.len().div_ceil(REPORT_ENTRIES_MAX).max(1);
+            let mut chunks = entries.chunks(REPORT_ENTRIES_MAX);
+            for i in 0..chunk_count {
+                if i + 1 == chunk_count && self.links[shard].full_report_due {
+                    // The last chunk of a full report carries the acknowledgement.
+                    let link = &mut self.links[shard];
+                    link.acked_epoch = link.owner_epoch_seen;
+                    link.full_report_due = false;
+                }
+                let chunk = chunks
+                    .next()
+                    .map(<[ReportEntry]>::to_vec)
+                    .unwrap_or_default();
+                self.push_report(now, shard, chunk);
             }
         }
     }
@@ -664,7 +684,7 @@ impl NodeLimiter {
             seq: self.round,
             shard: ShardId(shard as u32),
             sent_at_ms: now.wall_ms,
-            owner_epoch_seen: self.links[shard].owner_epoch_seen,
+            owner_epoch_seen: self.links[shard].acked_epoch,
             entries,
         }));
     }
@@ -831,6 +851,9 @@ impl NodeLimiter {
         if epoch < link.owner_epoch_seen {
             self.stats.grant_batches_stale_owner += 1;
             return false;
+        }
+        if epoch > link.owner_epoch_seen {
+            link.full_report_due = true;
         }
         link.owner_epoch_seen = epoch;
         link.last_contact_mono_ms = now.mono_ms;

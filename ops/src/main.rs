@@ -76,6 +76,18 @@ struct SimArgs {
     /// Full invariant checks every this many rounds (per-message checks always run).
     #[arg(long, default_value_t = 1)]
     full_check_rounds: u64,
+    /// Key-windows that begin before this many seconds are not booked (cold start).
+    #[arg(long, default_value_t = 1)]
+    warmup_s: u64,
+    /// Owner: rounds of demand a node may hold ahead (C4; default from the reference config).
+    #[arg(long)]
+    lead_rounds: Option<u64>,
+    /// Owner: headroom over demand, per mille (C4).
+    #[arg(long)]
+    headroom_permille: Option<u64>,
+    /// Owner: Poisson standard deviations of burst allowance per grant (C4).
+    #[arg(long)]
+    burst_sigmas: Option<u64>,
     /// Threads for --seeds.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -116,6 +128,10 @@ fn run_sim(a: SimArgs) -> Result<()> {
         codec: !a.no_codec,
         full_check_rounds: a.full_check_rounds,
         degraded_after_ms: a.degraded_after_ms,
+        warmup_s: a.warmup_s,
+        lead_rounds: a.lead_rounds,
+        headroom_permille: a.headroom_permille,
+        burst_sigmas: a.burst_sigmas,
     };
     let started = Instant::now();
     let outcomes = sim::run_seeds(&cfg, a.seeds, a.threads)?;

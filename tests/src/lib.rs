@@ -85,14 +85,25 @@ fn owner_config(fleet: u32) -> OwnerConfig {
 
 impl Fleet {
     pub fn new(node_count: u32, key_count: u32) -> Self {
+        Self::with_node_config(node_count, key_count, |_| {})
+    }
+
+    /// A fleet whose node configuration `tweak` adjusts (every node alike).
+    pub fn with_node_config(
+        node_count: u32,
+        key_count: u32,
+        tweak: impl Fn(&mut NodeConfig),
+    ) -> Self {
         let now = Now {
             wall_ms: 1_764_720_000_000,
             mono_ms: 1_000,
         };
         let nodes = (0..node_count)
             .map(|i| {
+                let mut config = node_config(i, node_count);
+                tweak(&mut config);
                 NodeLimiter::new(
-                    node_config(i, node_count),
+                    config,
                     Arc::new(DecisionSurface::new(SurfaceConfig::default())),
                     NodeEpoch(u64::from(i) + 1),
                     now,

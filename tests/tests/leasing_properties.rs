@@ -182,3 +182,67 @@ fn restarted_node_spend_is_counted_once() {
         Some(first_epoch_spend + second_epoch_spend)
     );
 }
+
+/// Found by `foldgate sim --scenario owner-crash` (seed 1002): a node whose line had not
+/// changed did not re-report it to a new owner, yet acknowledged that owner's epoch, so
+/// the new owner thought the credit it held was still in the pool and issued it again.
+/// A node now acknowledges a new owner only in a report that carries every line.
+#[test]
+fn a_new_owner_learns_credit_held_by_a_quiet_node() {
+    // Idle credit is kept (not handed back) and unchanged lines are not refreshed, so node
+    // 0 goes quiet while holding credit and only the acknowledgement rule can reveal it.
+    let mut fleet = Fleet::with_node_config(2, 1, |c| {
+        c.idle_return_rounds = u32::MAX;
+        c.refresh_rounds = u32::MAX;
+    });
+    let settle = |fleet: &mut Fleet, rounds: usize| {
+        for _ in 0..rounds {
+            for i in 0..fleet.nodes.len() {
+                fleet.tick_node(i);
+            }
+            while !fleet.in_flight.is_empty() {
+                fleet.deliver(0, false);
+            }
+            fleet.advance(25);
+        }
+    };
+    settle(&mut fleet, 2);
+    // Node 0 takes credit for the 60 s window, then goes quiet.
+    for _ in 0..3 {
+        for _ in 0..8 {
+            fleet.request(0, 0);
+        }
+        settle(&mut fleet, 1);
+    }
+    // Long enough for its smoothed demand to settle, so its line stops changing and is
+    // re-sent only every `refresh_rounds`.
+    settle(&mut fleet, 60);
+    let kw = *fleet.nodes[0]
+        .key_windows()
+        .find(|kw| kw.window.length_ms == 60_000)
+        .unwrap();
+    let quiet = fleet.nodes[0].line_for(&kw).unwrap();
+    assert!(quiet.held_credit > 0, "{quiet:?}");
+    settle(&mut fleet, 1);
+    assert_eq!(
+        fleet.nodes[0].line_for(&kw).unwrap(),
+        quiet,
+        "node 0 is quiet"
+    );
+    eprintln!("before {:?}", fleet.nodes[0].line_for(&kw));
+    fleet.change_owner();
+    // Node 1 now asks for as much as it can get, while node 0 stays idle.
+    for _ in 0..12 {
+        for _ in 0..20 {
+            fleet.request(1, 0);
+        }
+        settle(&mut fleet, 1);
+        eprintln!(
+            "n0 {:?}\n n1 {:?}",
+            fleet.nodes[0].line_for(&kw),
+            fleet.nodes[1].line_for(&kw)
+        );
+        fleet.check_fleet_truth().unwrap();
+        fleet.owner.check_invariants().unwrap();
+    }
+}

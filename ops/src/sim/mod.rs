@@ -22,6 +22,7 @@ pub mod traffic;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use bus_schemas::hashing::DetMap;
 use bus_schemas::{KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ShardId, WindowSpec};
 use fold_workers::{FoldOwner, OwnerConfig, OwnerMode};
 use gateway_node::window::{window_at, window_end_ms};
@@ -141,6 +142,12 @@ pub struct SimConfig {
     pub full_check_rounds: u64,
     /// F5: how long a node waits before it reports degraded (30 s in production).
     pub degraded_after_ms: u64,
+    /// Windows that begin before this are not booked (the fleet starts cold).
+    pub warmup_s: u64,
+    /// Owner tuning (C4); `None` keeps `OwnerConfig::reference`.
+    pub lead_rounds: Option<u64>,
+    pub headroom_permille: Option<u64>,
+    pub burst_sigmas: Option<u64>,
 }
 
 impl SimConfig {
@@ -164,6 +171,10 @@ impl SimConfig {
             codec: true,
             full_check_rounds: 1,
             degraded_after_ms: 30_000,
+            warmup_s: 1,
+            lead_rounds: None,
+            headroom_permille: None,
+            burst_sigmas: None,
         }
     }
 
@@ -244,6 +255,18 @@ impl SimConfig {
         }
         if self.full_check_rounds != 1 {
             s += &format!(" --full-check-rounds {}", self.full_check_rounds);
+        }
+        for (flag, v) in [
+            ("--lead-rounds", self.lead_rounds),
+            ("--headroom-permille", self.headroom_permille),
+            ("--burst-sigmas", self.burst_sigmas),
+        ] {
+            if let Some(v) = v {
+                s += &format!(" {flag} {v}");
+            }
+        }
+        if self.warmup_s != 1 {
+            s += &format!(" --warmup-s {}", self.warmup_s);
         }
         if self.degraded_after_ms != 30_000 {
             s += &format!(" --degraded-after-ms {}", self.degraded_after_ms);
@@ -486,7 +509,11 @@ fn node_config(cfg: &SimConfig, i: u32) -> NodeConfig {
 }
 
 fn owner_config(cfg: &SimConfig, shard: u32) -> OwnerConfig {
+    let reference = OwnerConfig::reference(ShardId(shard));
     OwnerConfig {
+        lead_rounds: cfg.lead_rounds.unwrap_or(reference.lead_rounds),
+        headroom_permille: cfg.headroom_permille.unwrap_or(reference.headroom_permille),
+        burst_sigmas: cfg.burst_sigmas.unwrap_or(reference.burst_sigmas),
         shards: cfg.nodes,
         fleet_size: cfg.nodes,
         mode: if cfg.mode == SimMode::Fixed {
@@ -494,7 +521,7 @@ fn owner_config(cfg: &SimConfig, shard: u32) -> OwnerConfig {
         } else {
             OwnerMode::Leasing
         },
-        ..OwnerConfig::reference(ShardId(shard))
+        ..reference
     }
 }
 
@@ -788,7 +815,7 @@ impl Sim {
     /// epoch, dead ones included, never exceeds the allowance plus what nodes gave
     /// themselves (F4).
     fn check_fleet_truth(&mut self, t_ms: u64) {
-        let mut totals: BTreeMap<KeyWindow, (u64, u64, u64)> = BTreeMap::new();
+        let mut totals: DetMap<KeyWindow, (u64, u64, u64)> = DetMap::default();
         for n in &self.nodes {
             let Some(l) = n.limiter.as_ref() else {
                 continue;
@@ -807,6 +834,8 @@ impl Sim {
             }
         }
         let mut bad = Vec::new();
+        let mut totals: Vec<_> = totals.into_iter().collect();
+        totals.sort_unstable_by_key(|(kw, _)| *kw);
         for (kw, (used, self_granted, allowance)) in totals {
             if used > allowance.saturating_add(self_granted) {
                 bad.push(format!(
@@ -1044,7 +1073,9 @@ impl Sim {
         self.counts.bus_sent = self.bus.stats.sent;
         self.counts.bus_lost = self.bus.stats.lost;
         self.counts.bus_cut = self.bus.stats.cut;
-        let closed = self.books.closed(WALL0_MS + sim_ms);
+        let closed = self
+            .books
+            .closed(WALL0_MS + self.cfg.warmup_s * 1_000, WALL0_MS + sim_ms);
         let mut violations = self.violations;
         if self.violation_count > violations.len() as u64 {
             violations.resize(

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use bus_schemas::{KeyId, WindowSpec};
-use gateway_node::window::{window_at, window_end_ms};
+use gateway_node::window::{window_at, window_end_ms, window_start_ms};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct KwBooks {
@@ -93,9 +93,10 @@ impl Books {
         }
     }
 
-    /// Every key-window that saw traffic and closed (in true time) by `end_wall_ms`,
-    /// in a fixed order.
-    pub fn closed(&self, end_wall_ms: u64) -> Vec<ClosedKw> {
+    /// Every key-window that saw traffic, began at or after `start_wall_ms` (a window
+    /// already running when the run began is partial and holds the fleet's cold start) and
+    /// closed (in true time) by `end_wall_ms`, in a fixed order.
+    pub fn closed(&self, start_wall_ms: u64, end_wall_ms: u64) -> Vec<ClosedKw> {
         let mut out: Vec<ClosedKw> = self
             .books
             .iter()
@@ -106,7 +107,8 @@ impl Books {
                     length_ms: w.length_ms,
                     number: n,
                 };
-                (window_end_ms(key, id) <= end_wall_ms).then_some(ClosedKw {
+                let full = window_start_ms(key, id) >= start_wall_ms;
+                (full && window_end_ms(key, id) <= end_wall_ms).then_some(ClosedKw {
                     key,
                     window_kind: w.length_ms,
                     window_id: n,
