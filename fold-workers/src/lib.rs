@@ -11,6 +11,15 @@
 //! allowance less the unreleased reserve. An owner that finds it broken halts: it stops
 //! issuing credit rather than guess.
 
+//!
+//! C10: [`hot::HotKeys`] picks the few keys causing most of the shard's fold work each
+//! round; their report entries are folded once per round at the tick (the hot lane), so a
+//! hot key's report storm cannot delay grants for the other keys.
+
+pub mod hot;
 pub mod owner;
 
-pub use owner::{FoldOwner, OwnerConfig, OwnerInvariantError, OwnerMode, OwnerStats};
+pub use hot::{HotKeyConfig, HotKeys};
+pub use owner::{
+    FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerInvariantError, OwnerMode, OwnerStats,
+};

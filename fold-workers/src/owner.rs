@@ -7,6 +7,8 @@ use bus_schemas::{
 
 use bus_schemas::hashing::DetMap;
 
+use crate::hot::{HotKeyConfig, HotKeys};
+
 /// O1: leasing sizes grants from demand; fixed hands out only the reserve (the nodes take
 /// fixed 1/fleet shares themselves).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct OwnerConfig {
     pub takeover_ack_timeout_ms: Option<u64>,
     /// Key-windows tracked at once.
     pub ledgers_cap: usize,
+    /// C10: which keys get the hot lane.
+    pub hot: HotKeyConfig,
 }
 
 impl OwnerConfig {
@@ -67,6 +71,7 @@ impl OwnerConfig {
             absent_after_rounds: 2,
             takeover_ack_timeout_ms: None,
             ledgers_cap: 1_000_000,
+            hot: HotKeyConfig::reference(),
         }
     }
 
@@ -111,7 +116,16 @@ pub struct OwnerStats {
     pub withheld: u64,
     pub ledgers_refused: u64,
     pub reaped: u64,
+    /// C10: report entries of hot keys folded at the next tick instead of at once.
+    pub hot_deferred: u64,
+    /// Fold age (report sent to grant decided) in whole rounds, 0..=7 (7 = 7 or more),
+    /// for keys outside the hot set and for hot keys: A57's "p99 fold age of the other
+    /// keys under 2 rounds" is read off `fold_age_rounds_cold`.
+    pub fold_age_rounds_cold: [u64; FOLD_AGE_BUCKETS],
+    pub fold_age_rounds_hot: [u64; FOLD_AGE_BUCKETS],
 }
+
+pub const FOLD_AGE_BUCKETS: usize = 8;
 
 /// What the owner knows of one node epoch in one key-window.
 #[derive(Clone, Copy, Debug, Default)]
@@ -215,12 +229,16 @@ pub struct FoldOwner {
     outbox: VecDeque<GrantBatch>,
     halted: Option<OwnerInvariantError>,
     stats: OwnerStats,
+    hot: HotKeys,
+    /// Hot-lane work: (node, node epoch, key-window) -> when the newest report was sent.
+    hot_pending: DetMap<(NodeId, NodeEpoch, KeyWindow), u64>,
 }
 
 impl FoldOwner {
     /// `takeover`: another owner held this shard before (its grants may be in flight).
     pub fn new(config: OwnerConfig, epoch: OwnerEpoch, now: Now, takeover: bool) -> Self {
         assert!(epoch > OwnerEpoch(0) && config.fleet_size > 0 && config.shard.0 < config.shards);
+        let hot = HotKeys::new(config.hot);
         Self {
             config,
             epoch,
@@ -232,6 +250,8 @@ impl FoldOwner {
             outbox: VecDeque::new(),
             halted: None,
             stats: OwnerStats::default(),
+            hot,
+            hot_pending: DetMap::default(),
         }
     }
 
@@ -368,14 +388,25 @@ impl FoldOwner {
             self.acked.insert(batch.node);
         }
         for entry in &batch.entries {
+            self.hot.record(entry.key_window.key, 1);
             self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
         }
         let mut grants = Vec::new();
         if self.withheld(batch.node, now) {
             self.stats.withheld += 1;
         } else if self.config.mode == OwnerMode::Leasing {
+            let age = self.age_bucket(now, batch.sent_at_ms);
             for entry in &batch.entries {
                 let kw = entry.key_window;
+                if self.hot.is_hot(&kw.key) && self.hot_pending.len() < self.config.ledgers_cap {
+                    // C10: a hot key's arbitration waits for the tick, once per node per
+                    // round, so its report storm cannot queue the other keys' grants.
+                    self.hot_pending
+                        .insert((batch.node, batch.node_epoch, kw), batch.sent_at_ms);
+                    self.stats.hot_deferred += 1;
+                    continue;
+                }
+                self.stats.fold_age_rounds_cold[age] += 1;
                 if let Some(g) = self
                     .size_grant(now, batch.node, batch.node_epoch, kw, false)
                     .or_else(|| self.exhaustion_notice(now, batch.node, batch.node_epoch, kw))
@@ -519,6 +550,7 @@ impl FoldOwner {
     /// D5: answered at once, on the request's reply subject.
     pub fn handle_fast_path_request(&mut self, now: Now, req: &FastPathRequest) -> FastPathReply {
         self.stats.fast_path_requests += 1;
+        self.hot.record(req.entry.key_window.key, 1);
         let (owner_epoch, shard, request_id) = (self.epoch, self.config.shard, req.request_id);
         let reply = |outcome| FastPathReply {
             owner_epoch,
@@ -573,11 +605,60 @@ impl FoldOwner {
     /// closes; orphaned credit of dead epochs thus returns to the pool at rollover, never
     /// mid-window.
     pub fn handle_tick(&mut self, now: Now) {
+        self.fold_hot_lane(now);
+        self.hot.end_round();
         let keep_ms = 2 * self.round_ms();
         let before = self.ledgers.len();
         self.ledgers
             .retain(|kw, _| bus_window_end(*kw) + keep_ms > now.wall_ms);
         self.stats.reaped += (before - self.ledgers.len()) as u64;
+    }
+
+    fn age_bucket(&self, now: Now, sent_at_ms: u64) -> usize {
+        let rounds = now.wall_ms.saturating_sub(sent_at_ms) / self.round_ms().max(1);
+        (rounds as usize).min(FOLD_AGE_BUCKETS - 1)
+    }
+
+    /// C10: the hot lane, folded once per round: one grant decision per (node epoch,
+    /// key-window) however many reports arrived, in a fixed order.
+    fn fold_hot_lane(&mut self, now: Now) {
+        if self.hot_pending.is_empty() {
+            return;
+        }
+        let mut pending: Vec<((NodeId, NodeEpoch, KeyWindow), u64)> =
+            self.hot_pending.drain().collect();
+        pending.sort_unstable_by_key(|(k, _)| *k);
+        let mut per_node: Vec<(NodeId, Vec<GrantEntry>)> = Vec::new();
+        for ((node, epoch, kw), sent_at_ms) in pending {
+            let age = self.age_bucket(now, sent_at_ms);
+            self.stats.fold_age_rounds_hot[age] += 1;
+            if self.withheld(node, now) || self.config.mode != OwnerMode::Leasing {
+                continue;
+            }
+            let Some(g) = self
+                .size_grant(now, node, epoch, kw, false)
+                .or_else(|| self.exhaustion_notice(now, node, epoch, kw))
+            else {
+                continue;
+            };
+            match per_node.last_mut() {
+                Some((n, entries)) if *n == node => entries.push(g),
+                _ => per_node.push((node, vec![g])),
+            }
+        }
+        for (node, entries) in per_node {
+            self.outbox.push_back(GrantBatch {
+                owner_epoch: self.epoch,
+                shard: self.config.shard,
+                node,
+                entries,
+            });
+        }
+    }
+
+    /// The keys in the hot lane now (C10), heaviest first.
+    pub fn hot_keys(&self) -> &[bus_schemas::KeyId] {
+        self.hot.hot()
     }
 
     pub fn poll_grant(&mut self) -> Option<GrantBatch> {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use bus_schemas::hashing::DetMap;
 use bus_schemas::{KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ShardId, WindowSpec};
-use fold_workers::{FoldOwner, OwnerConfig, OwnerMode};
+use fold_workers::{FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerMode};
 use gateway_node::window::{window_at, window_end_ms};
 use gateway_node::{
     Decision, DecisionSurface, KeyPolicy, Mode, NodeConfig, NodeLimiter, SurfaceConfig, Transmit,
@@ -306,6 +306,12 @@ pub struct Counts {
     pub bus_sent: u64,
     pub bus_lost: u64,
     pub bus_cut: u64,
+    /// C10: report entries folded in the owners' hot lane.
+    pub hot_deferred: u64,
+    /// Fold age histograms (whole rounds, last bucket = that many or more), summed over
+    /// owners: keys outside the hot set, and hot keys.
+    pub fold_age_rounds_cold: [u64; FOLD_AGE_BUCKETS],
+    pub fold_age_rounds_hot: [u64; FOLD_AGE_BUCKETS],
 }
 
 impl Counts {
@@ -323,7 +329,48 @@ impl Counts {
         self.bus_sent += o.bus_sent;
         self.bus_lost += o.bus_lost;
         self.bus_cut += o.bus_cut;
+        self.add_owner_histograms(
+            o.hot_deferred,
+            &o.fold_age_rounds_cold,
+            &o.fold_age_rounds_hot,
+        );
     }
+
+    fn add_owner_histograms(
+        &mut self,
+        hot_deferred: u64,
+        cold: &[u64; FOLD_AGE_BUCKETS],
+        hot: &[u64; FOLD_AGE_BUCKETS],
+    ) {
+        self.hot_deferred += hot_deferred;
+        for i in 0..FOLD_AGE_BUCKETS {
+            self.fold_age_rounds_cold[i] += cold[i];
+            self.fold_age_rounds_hot[i] += hot[i];
+        }
+    }
+
+    fn add_owner(&mut self, owner: &FoldOwner) {
+        let s = owner.stats();
+        self.add_owner_histograms(
+            s.hot_deferred,
+            &s.fold_age_rounds_cold,
+            &s.fold_age_rounds_hot,
+        );
+    }
+}
+
+/// The p99 of a fold-age histogram, in rounds.
+fn p99_rounds(h: &[u64; FOLD_AGE_BUCKETS]) -> u64 {
+    let total: u64 = h.iter().sum();
+    let want = total - total / 100;
+    let mut seen = 0;
+    for (i, n) in h.iter().enumerate() {
+        seen += n;
+        if seen >= want && total > 0 {
+            return i as u64;
+        }
+    }
+    0
 }
 
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -356,6 +403,9 @@ pub struct SimReport {
     pub plan: [PlanWindow; 2],
     /// The same accuracy figures per window kind ("1000", "60000").
     pub by_window: BTreeMap<String, Accuracy>,
+    /// A57/C10: p99 fold age, in rounds, of keys outside the hot set and of hot keys.
+    pub fold_age_p99_rounds_cold: u64,
+    pub fold_age_p99_rounds_hot: u64,
     pub counts: Counts,
     pub replay: String,
 }
@@ -408,6 +458,8 @@ impl SimReport {
                 limit: w.limit,
             }),
             by_window,
+            fold_age_p99_rounds_cold: p99_rounds(&counts.fold_age_rounds_cold),
+            fold_age_p99_rounds_hot: p99_rounds(&counts.fold_age_rounds_hot),
             counts,
             replay: cfg.replay_command(),
         }
@@ -885,7 +937,9 @@ impl Sim {
     fn crash_owners(&mut self, t_ms: u64) {
         // Half the shards lose their owner mid-window.
         for s in (0..self.owners.len()).step_by(2) {
-            self.owners[s].owner = None;
+            if let Some(dead) = self.owners[s].owner.take() {
+                self.counts.add_owner(&dead);
+            }
             self.owners[s].gs = GsOwner::default();
             self.owners[s].revive_at_ms = Some(t_ms + TAKEOVER_AFTER_MS);
         }
@@ -1068,6 +1122,11 @@ impl Sim {
         for node in &self.nodes {
             if let Some(l) = &node.limiter {
                 self.counts.self_grants += l.stats().self_grants;
+            }
+        }
+        for o in &self.owners {
+            if let Some(owner) = &o.owner {
+                self.counts.add_owner(owner);
             }
         }
         self.counts.bus_sent = self.bus.stats.sent;
