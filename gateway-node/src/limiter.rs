@@ -18,6 +18,7 @@ use bus_schemas::{
 };
 
 use crate::credit;
+use crate::policy::KeyPolicy;
 use crate::surface::{DecisionSurface, FastPathNeed, KeyBucket};
 use crate::window::{next_window, window_at, window_end_ms};
 
@@ -148,6 +149,8 @@ pub struct NodeStats {
     pub self_grants: u64,
     pub evictions: u64,
     pub records_refused: u64,
+    /// P1: buckets moved to a new policy version.
+    pub policy_switched: u64,
 }
 
 /// Where a record's credit is.
@@ -244,6 +247,8 @@ pub struct NodeLimiter {
     next_request_id: u64,
     outbox: VecDeque<Transmit>,
     stats: NodeStats,
+    /// P1: the policy version this node's buckets follow.
+    policy_version: u64,
 }
 
 /// How a shard's owner looks from this node (F2-F5).
@@ -289,6 +294,7 @@ impl NodeLimiter {
             next_request_id: 1,
             outbox: VecDeque::new(),
             stats: NodeStats::default(),
+            policy_version: 0,
         };
         limiter.publish_health(now);
         limiter
@@ -954,6 +960,118 @@ impl NodeLimiter {
             self.install(kw.key, &bucket, kw);
         }
         true
+    }
+
+    /// P1: policy version `version` is now in force; `resolve` gives each key's policy in
+    /// it (`None`: the key is not in it, and keeps what it has). Versions only move
+    /// forward, so a late or repeated switch changes nothing.
+    ///
+    /// What changes when: a window already open keeps the allowance it started with, here
+    /// and at the owner (a switch must not strand or revoke credit mid-window); every
+    /// window that opens after the switch uses the new plan. A key whose windows changed
+    /// gets a new bucket; credit held for a window length both plans share moves into it,
+    /// and credit for a length the new plan drops goes back to the owner as returned.
+    /// Returns how many keys switched.
+    pub fn handle_policy(
+        &mut self,
+        _now: Now,
+        version: u64,
+        resolve: impl Fn(&KeyId) -> Option<KeyPolicy>,
+    ) -> usize {
+        if version <= self.policy_version {
+            return 0;
+        }
+        self.policy_version = version;
+        let mut changed: Vec<(KeyId, KeyPolicy)> = Vec::new();
+        self.surface.for_each(|key, bucket| {
+            if let Some(new) = resolve(&key)
+                && new != *bucket.policy()
+            {
+                changed.push((key, new));
+            }
+        });
+        changed.sort_unstable_by_key(|(k, _)| *k);
+        if changed.is_empty() {
+            return 0;
+        }
+        let switching: DetMap<KeyId, KeyPolicy> = changed.iter().copied().collect();
+        // Every record of a switching key, with the slot its window length has in the
+        // new plan (None: the new plan has no window of that length).
+        let mut moves: DetMap<KeyId, Vec<(KeyWindow, usize, Option<usize>)>> = DetMap::default();
+        for (kw, rec) in &self.records {
+            if let Some(policy) = switching.get(&kw.key) {
+                let new_slot = policy
+                    .windows()
+                    .iter()
+                    .position(|w| w.length_ms == kw.window.length_ms);
+                moves
+                    .entry(kw.key)
+                    .or_default()
+                    .push((*kw, usize::from(rec.slot), new_slot));
+            }
+        }
+        let mut switched = 0;
+        for (key, policy) in changed {
+            let mut list = moves.remove(&key).unwrap_or_default();
+            list.sort_unstable_by_key(|(kw, _, _)| *kw);
+            let live: Vec<bool> = list
+                .iter()
+                .map(|(kw, _, _)| self.records[kw].place == Place::Live)
+                .collect();
+            let exhausted: Vec<bool> = list
+                .iter()
+                .map(|(kw, _, _)| self.records[kw].exhausted)
+                .collect();
+            let mut taken = vec![0u64; list.len()];
+            let replaced = self.surface.replace_bucket(key, policy, |old, new| {
+                for (i, (kw, old_slot, new_slot)) in list.iter().enumerate() {
+                    if !live[i] {
+                        continue;
+                    }
+                    let tag = credit::tag_of(kw.window.number);
+                    taken[i] = credit::drain(old.word(*old_slot, kw.window), tag).unwrap_or(0);
+                    if let Some(slot) = new_slot {
+                        credit::install(new.word(*slot, kw.window), tag, taken[i], exhausted[i]);
+                    }
+                }
+            });
+            if !replaced {
+                continue;
+            }
+            switched += 1;
+            let track = self.keys.entry(key).or_default();
+            track.installed = [[None; 2]; PLAN_WINDOWS_MAX];
+            for (i, (kw, _, new_slot)) in list.iter().enumerate() {
+                let rec = self.records.get_mut(kw).expect("listed from records");
+                match (new_slot, live[i], rec.place) {
+                    (Some(slot), true, _) => {
+                        rec.slot = *slot as u8;
+                        track.installed[*slot][credit::parity(kw.window.number)] =
+                            Some(kw.window.number);
+                    }
+                    (Some(slot), false, _) => rec.slot = *slot as u8,
+                    (None, true, _) => {
+                        // The new plan has no such window: hand its credit back (C4).
+                        rec.returned += taken[i];
+                        self.stats.credit_returned += taken[i];
+                        rec.place = Place::Off { credit: 0 };
+                    }
+                    (None, false, Place::Off { credit }) => {
+                        rec.returned += credit;
+                        self.stats.credit_returned += credit;
+                        rec.place = Place::Off { credit: 0 };
+                    }
+                    (None, false, _) => {}
+                }
+            }
+        }
+        self.stats.policy_switched += switched as u64;
+        switched
+    }
+
+    /// The policy version `handle_policy` last switched to.
+    pub fn policy_version(&self) -> u64 {
+        self.policy_version
     }
 
     pub fn poll_transmit(&mut self) -> Option<Transmit> {

@@ -603,6 +603,27 @@ impl DecisionSurface {
         }
     }
 
+    /// P1: give `key` a bucket built for `policy`, under the shard's write lock so no
+    /// decision sees a half-moved key. `carry(old, new)` moves credit between the two
+    /// while the lock is held; the attempt counter carries over, so demand is continuous.
+    /// Returns false if the key has no bucket (its next request builds one).
+    pub(crate) fn replace_bucket(
+        &self,
+        key: KeyId,
+        policy: KeyPolicy,
+        carry: impl FnOnce(&KeyBucket, &KeyBucket),
+    ) -> bool {
+        let Some(mut entry) = self.buckets.get_mut(&key) else {
+            return false;
+        };
+        let new = KeyBucket::new(key, policy);
+        new.attempts
+            .store(entry.attempts.load(Ordering::Relaxed), Ordering::Relaxed);
+        carry(&entry, &new);
+        *entry = new;
+        true
+    }
+
     /// Remove `key` only if `still_evictable` holds under the shard's write lock, so a
     /// grant that raced in is never thrown away (D7).
     pub(crate) fn evict_if(

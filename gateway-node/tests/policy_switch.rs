@@ -1,0 +1,103 @@
+//! P1: a node moves its buckets to a new policy version atomically, without stranding or
+//! revoking credit mid-window.
+
+mod support;
+
+use bus_schemas::{KeyWindow, Now, WindowSpec};
+use gateway_node::window::{window_at, window_end_ms};
+use gateway_node::{Decision, KeyPolicy};
+use support::*;
+
+fn w(length_ms: u32, limit: u64) -> WindowSpec {
+    WindowSpec { length_ms, limit }
+}
+
+fn kw(i: u64, length_ms: u32, wall_ms: u64) -> KeyWindow {
+    KeyWindow {
+        key: key(i),
+        window: window_at(key(i), length_ms, wall_ms),
+    }
+}
+
+#[test]
+fn a_raised_limit_applies_from_the_next_window_and_keeps_held_credit() {
+    let (mut node, old) = fixed_node(&[w(1_000, 100), w(60_000, 1_000)], 1_024);
+    let surface = node.surface().clone();
+    // A key's first request makes its bucket; the tick then installs the fixed shares.
+    let _ = surface.decide(key(0), T0.wall_ms, &old);
+    node.handle_tick(T0);
+    for _ in 0..10 {
+        assert_eq!(surface.decide(key(0), T0.wall_ms, &old), Decision::Admit);
+    }
+    let now = Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    };
+    node.handle_tick(now);
+    let current = kw(0, 1_000, now.wall_ms);
+    let before = node.line_for(&current).unwrap();
+    assert_eq!(before.allowance, 100);
+
+    let new = KeyPolicy::new(&[w(1_000, 200), w(60_000, 1_000)], 25).unwrap();
+    assert_eq!(node.handle_policy(now, 1, |_| Some(new)), 1);
+    assert_eq!(
+        node.handle_policy(now, 1, |_| Some(new)),
+        0,
+        "same version: nothing"
+    );
+    let after = node.line_for(&current).unwrap();
+    assert_eq!(
+        after, before,
+        "the open window keeps its allowance and its credit"
+    );
+    node.check_invariants().unwrap();
+    assert_eq!(surface.decide(key(0), now.wall_ms, &new), Decision::Admit);
+
+    // The next 1 s window opens under the new plan.
+    let end = window_end_ms(key(0), current.window);
+    let later = Now {
+        wall_ms: end + 1,
+        mono_ms: now.mono_ms + (end + 1 - now.wall_ms),
+    };
+    node.handle_tick(later);
+    assert_eq!(surface.decide(key(0), later.wall_ms, &new), Decision::Admit);
+    node.handle_tick(later);
+    let next = kw(0, 1_000, later.wall_ms);
+    assert_eq!(node.line_for(&next).unwrap().allowance, 200);
+    node.check_invariants().unwrap();
+    assert_eq!(node.policy_version(), 1);
+}
+
+#[test]
+fn a_dropped_window_hands_its_credit_back_and_stops_denying() {
+    let (mut node, old) = fixed_node(&[w(1_000, 100), w(60_000, 20)], 1_024);
+    let surface = node.surface().clone();
+    let _ = surface.decide(key(0), T0.wall_ms, &old);
+    node.handle_tick(T0);
+    let mut admitted = 0;
+    for _ in 0..40 {
+        admitted += u32::from(surface.decide(key(0), T0.wall_ms, &old) == Decision::Admit);
+    }
+    // The 60 s window (20, 98% held here in fixed mode) is the one that denies.
+    assert!(admitted < 40);
+    let long = kw(0, 60_000, T0.wall_ms);
+    let held = node.line_for(&long).unwrap();
+
+    let new = KeyPolicy::new(&[w(1_000, 100)], 25).unwrap();
+    assert_eq!(node.handle_policy(T0, 2, |_| Some(new)), 1);
+    let gone = node.line_for(&long).unwrap();
+    assert_eq!(gone.held_credit, 0);
+    assert_eq!(gone.returned, held.returned + held.held_credit);
+    assert_eq!(
+        gone.cumulative_spend, held.cumulative_spend,
+        "spend is never lost"
+    );
+    node.check_invariants().unwrap();
+    // Only the 1 s window is charged now.
+    assert_eq!(surface.decide(key(0), T0.wall_ms, &new), Decision::Admit);
+    let short = kw(0, 1_000, T0.wall_ms);
+    assert_eq!(
+        node.line_for(&short).unwrap().cumulative_spend,
+        u64::from(admitted) + 1
+    );
+}
