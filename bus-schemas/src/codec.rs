@@ -3,7 +3,7 @@
 //! schema version (an unknown one rejects the envelope whole), then every field into the
 //! domain types. A value that comes out is fully valid; nothing partial ever comes out.
 
-use std::collections::HashSet;
+use crate::hashing::DetSet;
 
 use prost::Message;
 
@@ -267,16 +267,14 @@ impl Envelope for ReportBatch {
         let k = Self::KIND;
         let m: wire::ReportBatch = parse(k, Self::MAX_BYTES, bytes)?;
         version(k, m.schema_version)?;
-        count(k, "entries", m.entries.len(), REPORT_ENTRIES_MAX)?;
-        let entries = m
-            .entries
-            .iter()
-            .map(|e| report_entry(k, e))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut seen = HashSet::with_capacity(entries.len());
-        if !entries.iter().all(|e| seen.insert(e.key_window)) {
-            return Err(invalid(k, "entries", "a key-window appears twice"));
-        }
+        let entries = unique_entries(
+            k,
+            &m.entries,
+            REPORT_ENTRIES_MAX,
+            report_entry,
+            |e| (e.key_window, NodeEpoch(0)),
+            "a key-window appears twice",
+        )?;
         Ok(Self {
             node: NodeId(m.node),
             node_epoch: NodeEpoch(epoch(k, "node_epoch", m.node_epoch)?),
@@ -287,6 +285,28 @@ impl Envelope for ReportBatch {
             entries,
         })
     }
+}
+
+/// A batch's entries: at most `max`, each validated, no two with the same identity
+/// (a duplicate would make "apply each entry once" ambiguous, so the batch is refused).
+fn unique_entries<W, T>(
+    k: &'static str,
+    wire_entries: &[W],
+    max: usize,
+    validate: impl Fn(&'static str, &W) -> Result<T, DecodeError>,
+    identity: impl Fn(&T) -> (KeyWindow, NodeEpoch),
+    duplicate: &'static str,
+) -> Result<Vec<T>, DecodeError> {
+    count(k, "entries", wire_entries.len(), max)?;
+    let entries = wire_entries
+        .iter()
+        .map(|e| validate(k, e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut seen = DetSet::with_capacity_and_hasher(entries.len(), Default::default());
+    if !entries.iter().all(|e| seen.insert(identity(e))) {
+        return Err(invalid(k, "entries", duplicate));
+    }
+    Ok(entries)
 }
 
 impl Envelope for GrantBatch {
@@ -308,23 +328,14 @@ impl Envelope for GrantBatch {
         let k = Self::KIND;
         let m: wire::GrantBatch = parse(k, Self::MAX_BYTES, bytes)?;
         version(k, m.schema_version)?;
-        count(k, "entries", m.entries.len(), GRANT_ENTRIES_MAX)?;
-        let entries = m
-            .entries
-            .iter()
-            .map(|e| grant_entry(k, e))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut seen = HashSet::with_capacity(entries.len());
-        if !entries
-            .iter()
-            .all(|e| seen.insert((e.key_window, e.node_epoch)))
-        {
-            return Err(invalid(
-                k,
-                "entries",
-                "a key-window and node epoch appear twice",
-            ));
-        }
+        let entries = unique_entries(
+            k,
+            &m.entries,
+            GRANT_ENTRIES_MAX,
+            grant_entry,
+            |e| (e.key_window, e.node_epoch),
+            "a key-window and node epoch appear twice",
+        )?;
         Ok(Self {
             owner_epoch: OwnerEpoch(epoch(k, "owner_epoch", m.owner_epoch)?),
             shard: ShardId(m.shard),
@@ -541,7 +552,7 @@ impl Envelope for PolicySnapshot {
         count(k, "plans", m.plans.len(), POLICY_PLANS_MAX)?;
         count(k, "keys", m.keys.len(), POLICY_KEYS_MAX)?;
         let mut plans = Vec::with_capacity(m.plans.len());
-        let mut ids = HashSet::new();
+        let mut ids = DetSet::default();
         for p in &m.plans {
             if p.name.len() > PLAN_NAME_BYTES_MAX {
                 return Err(invalid(k, "plans.name", "longer than 64 bytes"));
@@ -556,7 +567,7 @@ impl Envelope for PolicySnapshot {
             });
         }
         let mut keys = Vec::with_capacity(m.keys.len());
-        let mut seen = HashSet::new();
+        let mut seen = DetSet::default();
         for a in &m.keys {
             let key = key_id(k, &a.key_id)?;
             if !seen.insert(key) {

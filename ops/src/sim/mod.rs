@@ -885,16 +885,22 @@ impl Sim {
                 t.1 += self_granted;
             }
         }
-        let mut bad = Vec::new();
-        let mut totals: Vec<_> = totals.into_iter().collect();
-        totals.sort_unstable_by_key(|(kw, _)| *kw);
-        for (kw, (used, self_granted, allowance)) in totals {
-            if used > allowance.saturating_add(self_granted) {
-                bad.push(format!(
+        // Only breaches are sorted (for a stable report order); the scan itself is O(lines).
+        let mut bad: Vec<_> = totals
+            .into_iter()
+            .filter(|(_, (used, self_granted, allowance))| {
+                *used > allowance.saturating_add(*self_granted)
+            })
+            .collect();
+        bad.sort_unstable_by_key(|(kw, _)| *kw);
+        let bad: Vec<String> = bad
+            .into_iter()
+            .map(|(kw, (used, self_granted, allowance))| {
+                format!(
                     "fleet truth {kw:?}: used {used} > allowance {allowance} + self-granted {self_granted}"
-                ));
-            }
-        }
+                )
+            })
+            .collect();
         for b in bad {
             self.violation(t_ms, b);
         }
