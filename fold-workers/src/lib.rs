@@ -12,12 +12,15 @@
 //! issuing credit rather than guess.
 
 //!
+//! [`service::run_fold_worker`] drives owners over real NATS (issue 4).
+//!
 //! C10: [`hot::HotKeys`] picks the few keys causing most of the shard's fold work each
 //! round; their report entries are folded once per round at the tick (the hot lane), so a
 //! hot key's report storm cannot delay grants for the other keys.
 
 pub mod hot;
 pub mod owner;
+pub mod service;
 
 pub use hot::{HotKeyConfig, HotKeys};
 pub use owner::{

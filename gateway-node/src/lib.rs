@@ -12,10 +12,14 @@
 //!   and fast-path requests (`poll_transmit`). It fills, closes and drains the surface's
 //!   credit words; request tasks only ever decrement them.
 //!
+//! * [`bus`] — the runtime that drives the reconciler over real NATS: a tick task that
+//!   publishes reports, a task that applies grants, and the 1 ms fast path (issue 4).
+//!
 //! Supporting modules: [`credit`] (the packed credit word), [`window`] (window ids from
 //! wall time with the per-key phase, D3), [`policy`] (plans and overrides in a form the
 //! request path can read without allocating), [`retry`] (the 429 timing, D6).
 
+pub mod bus;
 pub mod credit;
 pub mod limiter;
 pub mod policy;

@@ -1,6 +1,8 @@
 //! Cross-crate test support: a tiny fleet of node limiters and a fold owner wired through
 //! an in-memory, fault-injecting message queue. The property tests in `tests/` drive it.
 
+pub mod nats;
+
 use std::sync::Arc;
 
 use bus_schemas::{

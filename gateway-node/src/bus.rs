@@ -1,0 +1,255 @@
+//! The node limiter on a real NATS bus (issue 4, B1, C1, D5): the runtime around the
+//! sans-IO `NodeLimiter`. It owns no protocol logic, only timers and sockets:
+//!
+//! * a tick task: every round, `handle_tick(now)`, then publish each report batch to its
+//!   shard's subject with this node's grant inbox as the reply subject;
+//! * a grant task: decode each message on the inbox (a bad envelope is counted by reason
+//!   and dropped whole) and hand it to `handle_grant_batch` / `handle_fast_path_reply`;
+//! * the fast path, run by the request that needs it: request/reply with a hard 1 ms
+//!   deadline, at most once per key per round (the surface enforces that).
+//!
+//! The decision itself is `DecisionSurface::decide`, synchronous and never awaiting; only a
+//! request that drew `Decision::FastPath` awaits, and never longer than the deadline. The
+//! limiter sits behind a mutex that is held for a state-machine call and never across an
+//! await.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bus_schemas::{Envelope, FastPathReply, GrantBatch, KeyId, Now, subjects};
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::limiter::{NodeLimiter, Transmit};
+use crate::policy::KeyPolicy;
+use crate::surface::{Decision, DecisionSurface};
+
+/// D5's hard deadline.
+pub const FAST_PATH_DEADLINE: Duration = Duration::from_millis(1);
+
+/// Where the runtime reads time. Production passes the system clocks; tests may share one.
+pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeBusError {
+    #[error("subscribing to the grant inbox: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+}
+
+/// Bus counters (F6, A48). Rejected envelopes are counted by `DecodeError::reason()`.
+#[derive(Debug, Default)]
+pub struct NodeBusStats {
+    pub reports_published: AtomicU64,
+    pub publish_errors: AtomicU64,
+    pub grant_batches: AtomicU64,
+    pub rejected_too_large: AtomicU64,
+    pub rejected_malformed: AtomicU64,
+    pub rejected_unknown_version: AtomicU64,
+    pub rejected_invalid: AtomicU64,
+    pub fast_path_requests: AtomicU64,
+    pub fast_path_deadline_missed: AtomicU64,
+}
+
+impl NodeBusStats {
+    fn rejected(&self, reason: &str) {
+        let c = match reason {
+            "too_large" => &self.rejected_too_large,
+            "malformed" => &self.rejected_malformed,
+            "unknown_version" => &self.rejected_unknown_version,
+            _ => &self.rejected_invalid,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected_too_large.load(Ordering::Relaxed)
+            + self.rejected_malformed.load(Ordering::Relaxed)
+            + self.rejected_unknown_version.load(Ordering::Relaxed)
+            + self.rejected_invalid.load(Ordering::Relaxed)
+    }
+}
+
+pub struct NodeBus {
+    limiter: Arc<Mutex<NodeLimiter>>,
+    surface: Arc<DecisionSurface>,
+    client: async_nats::Client,
+    clock: Clock,
+    pub stats: Arc<NodeBusStats>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> {
+    // A panic inside a state-machine call is a bug the invariant checks would report; the
+    // books it left are still the best this node has, so keep going with them.
+    limiter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl NodeBus {
+    /// Starts the tick and grant tasks on the current tokio runtime; they stop when
+    /// `shutdown` turns true or the connection closes.
+    pub async fn start(
+        client: async_nats::Client,
+        limiter: NodeLimiter,
+        clock: Clock,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Self, NodeBusError> {
+        let node = limiter.node().0;
+        let round = Duration::from_millis(u64::from(limiter.config().round_ms));
+        let surface = Arc::clone(limiter.surface());
+        let limiter = Arc::new(Mutex::new(limiter));
+        let stats = Arc::new(NodeBusStats::default());
+        let inbox = subjects::grant_inbox(node);
+        let mut grants = client.subscribe(inbox.clone()).await?;
+
+        let grant_task = {
+            let (limiter, stats, clock, mut shutdown) = (
+                Arc::clone(&limiter),
+                Arc::clone(&stats),
+                Arc::clone(&clock),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let msg = tokio::select! {
+                        m = grants.next() => match m { Some(m) => m, None => return },
+                        _ = shutdown.changed() => return,
+                    };
+                    match GrantBatch::decode(&msg.payload) {
+                        Ok(batch) => {
+                            stats.grant_batches.fetch_add(1, Ordering::Relaxed);
+                            lock(&limiter).handle_grant_batch(clock(), &batch);
+                        }
+                        Err(e) => stats.rejected(e.reason()),
+                    }
+                }
+            })
+        };
+
+        let tick_task = {
+            let (limiter, stats, clock, client, mut shutdown) = (
+                Arc::clone(&limiter),
+                Arc::clone(&stats),
+                Arc::clone(&clock),
+                client.clone(),
+                shutdown,
+            );
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(round);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    let out: Vec<Transmit> = {
+                        let mut l = lock(&limiter);
+                        l.handle_tick(clock());
+                        std::iter::from_fn(|| l.poll_transmit()).collect()
+                    };
+                    for t in out {
+                        let Transmit::Report(r) = t else { continue };
+                        let subject = subjects::report(r.shard.0);
+                        match client
+                            .publish_with_reply(subject, inbox.clone(), r.encode().into())
+                            .await
+                        {
+                            Ok(()) => stats.reports_published.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => stats.publish_errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }
+            })
+        };
+
+        Ok(Self {
+            limiter,
+            surface,
+            client,
+            clock,
+            stats,
+            tasks: vec![grant_task, tick_task],
+        })
+    }
+
+    pub fn surface(&self) -> &Arc<DecisionSurface> {
+        &self.surface
+    }
+
+    /// Runs `f` on the limiter (for invariant checks and inspection).
+    pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
+        f(&mut lock(&self.limiter))
+    }
+
+    /// One request's decision. Returns at once unless the surface asks for the fast path,
+    /// which is then given at most `FAST_PATH_DEADLINE`.
+    pub async fn decide(&self, key: KeyId, policy: &KeyPolicy) -> Decision {
+        let now = (self.clock)();
+        match self.surface.decide(key, now.wall_ms, policy) {
+            Decision::FastPath(need) => self.fast_path(now, need, policy).await,
+            d => d,
+        }
+    }
+
+    async fn fast_path(
+        &self,
+        now: Now,
+        need: crate::surface::FastPathNeed,
+        policy: &KeyPolicy,
+    ) -> Decision {
+        let deadline = tokio::time::Instant::now() + FAST_PATH_DEADLINE;
+        let requests: Vec<_> = {
+            let mut l = lock(&self.limiter);
+            l.handle_fast_path_need(now, need);
+            std::iter::from_fn(|| l.poll_transmit())
+                .filter_map(|t| match t {
+                    Transmit::FastPath(f) => Some(f),
+                    // Reports are only queued by a tick, which publishes them itself.
+                    Transmit::Report(_) => None,
+                })
+                .collect()
+        };
+        let mut missed = false;
+        let calls = requests.iter().map(|f| {
+            self.stats
+                .fast_path_requests
+                .fetch_add(1, Ordering::Relaxed);
+            let subject = subjects::fast_path(f.shard.0);
+            let payload = f.encode();
+            let client = self.client.clone();
+            async move {
+                tokio::time::timeout_at(deadline, client.request(subject, payload.into())).await
+            }
+        });
+        for answer in futures::future::join_all(calls).await {
+            match answer {
+                Ok(Ok(msg)) => match FastPathReply::decode(&msg.payload) {
+                    Ok(reply) => lock(&self.limiter).handle_fast_path_reply((self.clock)(), &reply),
+                    Err(e) => {
+                        self.stats.rejected(e.reason());
+                        missed = true;
+                    }
+                },
+                _ => missed = true,
+            }
+        }
+        if missed {
+            self.stats
+                .fast_path_deadline_missed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.surface
+            .decide_after_fast_path(need.key, (self.clock)().wall_ms, policy, missed)
+    }
+}
+
+impl Drop for NodeBus {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
