@@ -180,3 +180,132 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
     );
     drop(server);
 }
+
+/// Bad envelopes on the grant inbox and the report subject, on real NATS: each is counted
+/// by reason, and nothing of it is applied (B2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing() {
+    use bus_schemas::{Envelope, GrantBatch, GrantEntry, KeyWindow, subjects};
+    use gateway_node::window::window_at;
+
+    let server = NatsServer::start();
+    let clock = clock();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let windows = [WindowSpec {
+        length_ms: 60_000,
+        limit: 1_000,
+    }];
+    let policy = KeyPolicy::new(&windows, 25).unwrap();
+    let stats = Arc::new(FoldWorkerStats::default());
+    let worker = tokio::spawn(run_fold_worker(
+        async_nats::connect(server.url()).await.unwrap(),
+        Assignment {
+            shards: vec![0],
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        |s| OwnerConfig {
+            shards: 1,
+            fleet_size: 1,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        Arc::clone(&clock),
+        Arc::clone(&stats),
+        stop.clone(),
+    ));
+    let limiter = NodeLimiter::new(
+        NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            // Keep idle credit, so the held figure below only moves if a bad envelope
+            // were applied.
+            idle_return_rounds: u32::MAX,
+            ..NodeConfig::reference(NodeId(0))
+        },
+        Arc::new(DecisionSurface::new(SurfaceConfig::default())),
+        NodeEpoch(1),
+        clock(),
+    );
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let node = NodeBus::start(client.clone(), limiter, Arc::clone(&clock), stop.clone())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let key = KeyId {
+        version: 1,
+        digest: 0xfeed_beef_u128 << 64 | 7,
+    };
+    for _ in 0..20 {
+        let _ = node.decide(key, &policy).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let kw = KeyWindow {
+        key,
+        window: window_at(key, 60_000, clock().wall_ms),
+    };
+    let line = |node: &NodeBus| node.with_limiter(|l| l.line_for(&kw)).expect("a line");
+    let before = line(&node);
+    assert!(before.applied_grant > 0, "the owner granted: {before:?}");
+
+    let inbox = subjects::grant_inbox(0);
+    // A grant that would hand out the whole allowance, if anything let it through.
+    let forged = GrantBatch {
+        owner_epoch: OwnerEpoch(1),
+        shard: ShardId(0),
+        node: NodeId(0),
+        entries: vec![GrantEntry {
+            key_window: kw,
+            node_epoch: NodeEpoch(1),
+            grant_seq: 1,
+            credit_total: 1_000,
+            exhausted: false,
+        }],
+    };
+    let mut unknown_version = forged.encode();
+    unknown_version[1] = 9;
+    let sends: Vec<Vec<u8>> = vec![vec![0xff; 64], unknown_version, forged.encode()];
+    for bytes in sends {
+        client.publish(inbox.clone(), bytes.into()).await.unwrap();
+    }
+    // Larger than the server's max_payload (1 MiB): refused before it reaches anyone.
+    let oversized = vec![0u8; 2 * 1024 * 1024];
+    assert!(
+        client
+            .publish(inbox.clone(), oversized.into())
+            .await
+            .is_err()
+    );
+    client
+        .publish(subjects::report(0), vec![0x08, 0x09, 0xff].into())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    assert_eq!(node.stats.rejected_malformed.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        node.stats.rejected_unknown_version.load(Ordering::Relaxed),
+        1
+    );
+    assert!(
+        stats.rejected.load(Ordering::Relaxed) >= 1,
+        "the worker refused the bad report"
+    );
+    let after = line(&node);
+    assert_eq!(
+        after.applied_grant, before.applied_grant,
+        "the replayed grant changed nothing"
+    );
+    assert_eq!(after.held_credit, before.held_credit);
+    node.with_limiter(|l| {
+        assert!(
+            l.stats().grants_duplicate >= 1,
+            "the replay was seen as one"
+        );
+        l.check_invariants()
+    })
+    .unwrap();
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+}
