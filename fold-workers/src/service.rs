@@ -37,6 +37,8 @@ pub struct FoldWorkerStats {
     pub rejected: AtomicU64,
     pub publish_errors: AtomicU64,
     pub invariant_breaches: AtomicU64,
+    pub leases_taken: AtomicU64,
+    pub leases_lost: AtomicU64,
 }
 
 enum Inbound {
@@ -130,10 +132,27 @@ async fn publish_grant(
     };
 }
 
+/// Whatever holds this worker's owners, by shard.
+trait Owners {
+    fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner>;
+}
+
+impl Owners for BTreeMap<u32, FoldOwner> {
+    fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner> {
+        self.get_mut(&shard)
+    }
+}
+
+impl Owners for BTreeMap<u32, Held> {
+    fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner> {
+        self.get_mut(&shard).map(|h| &mut h.owner)
+    }
+}
+
 async fn handle(
     client: &async_nats::Client,
     stats: &FoldWorkerStats,
-    owners: &mut BTreeMap<u32, FoldOwner>,
+    owners: &mut impl Owners,
     clock: &Clock,
     m: Inbound,
 ) {
@@ -144,7 +163,7 @@ async fn handle(
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
                 return;
             };
-            let Some(owner) = owners.get_mut(&batch.shard.0) else {
+            let Some(owner) = owners.owner(batch.shard.0) else {
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
                 return;
             };
@@ -166,7 +185,7 @@ async fn handle(
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
                 return;
             };
-            let Some(owner) = owners.get_mut(&req.shard.0) else {
+            let Some(owner) = owners.owner(req.shard.0) else {
                 stats.rejected.fetch_add(1, Ordering::Relaxed);
                 return;
             };
@@ -174,6 +193,181 @@ async fn handle(
             let answer = owner.handle_fast_path_request(now, &req);
             if client.publish(reply, answer.encode().into()).await.is_err() {
                 stats.publish_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Shard leases in NATS key-value (issue 4, B1, C8): one key per shard, its value the
+/// holder's name, compare-and-set by revision, expiring after `ttl` unless renewed.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub bucket: String,
+    pub ttl: Duration,
+    pub renew_every: Duration,
+}
+
+impl LeaseConfig {
+    pub fn reference() -> Self {
+        Self {
+            bucket: "foldgate-owners".into(),
+            ttl: Duration::from_millis(500),
+            renew_every: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Who a worker is in the lease bucket, and what it competes for.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub name: String,
+    pub shard_count: u32,
+    pub lease: LeaseConfig,
+}
+
+pub fn lease_key(shard: u32) -> String {
+    format!("shard.{shard}")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("opening the lease bucket: {0}")]
+    Bucket(String),
+}
+
+struct Held {
+    owner: FoldOwner,
+    revision: u64,
+    renewed: tokio::time::Instant,
+    forwarders: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for f in &self.forwarders {
+            f.abort();
+        }
+    }
+}
+
+/// A fold worker that competes for shard leases and owns whatever it holds. The owner
+/// epoch of a shard is the key-value revision at which its lease was taken: revisions
+/// only grow, so a later owner always has the larger epoch, and nodes refuse the older
+/// one's grants (C2). A new owner starts with the takeover fence up (C8). A worker that
+/// has not renewed for half the lease stops issuing for that shard before its lease can
+/// have lapsed, so two owners never issue at once.
+pub async fn run_elected_worker(
+    client: async_nats::Client,
+    candidate: Candidate,
+    config_for: impl Fn(u32) -> OwnerConfig,
+    clock: Clock,
+    stats: Arc<FoldWorkerStats>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), LeaseError> {
+    let Candidate {
+        name,
+        shard_count,
+        lease,
+    } = candidate;
+    use async_nats::jetstream::{self, kv};
+    let js = jetstream::new(client.clone());
+    let store = match js
+        .create_key_value(kv::Config {
+            bucket: lease.bucket.clone(),
+            history: 1,
+            max_age: lease.ttl,
+            storage: jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(s) => s,
+        Err(_) => js
+            .get_key_value(lease.bucket.clone())
+            .await
+            .map_err(|e| LeaseError::Bucket(e.to_string()))?,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Inbound>(16_384);
+    let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+    let round_ms = config_for(0).round_ms;
+    let mut rounds = tokio::time::interval(Duration::from_millis(u64::from(round_ms)));
+    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leases = tokio::time::interval(lease.renew_every);
+    leases.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => {
+                // Hand the shards back at once rather than make the fleet wait a lease.
+                for (shard, h) in std::mem::take(&mut held) {
+                    let _ = store.delete_expect_revision(lease_key(shard), Some(h.revision)).await;
+                }
+                return Ok(());
+            }
+            _ = leases.tick() => {
+                let now = tokio::time::Instant::now();
+                for shard in 0..shard_count {
+                    let key = lease_key(shard);
+                    if let Some(h) = held.get_mut(&shard) {
+                        match store.update(&key, name.clone().into(), h.revision).await {
+                            Ok(rev) => {
+                                h.revision = rev;
+                                h.renewed = now;
+                            }
+                            Err(_) => {
+                                held.remove(&shard);
+                                stats.leases_lost.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        continue;
+                    }
+                    let Ok(rev) = store.create(&key, name.clone().into()).await else {
+                        continue;
+                    };
+                    let mut forwarders = Vec::new();
+                    for subject in [subjects::report(shard), subjects::fast_path(shard)] {
+                        let is_report = subject.starts_with("foldgate.v1.report.");
+                        let Ok(mut sub) = client.subscribe(subject).await else { continue };
+                        let tx = tx.clone();
+                        forwarders.push(tokio::spawn(async move {
+                            while let Some(m) = sub.next().await {
+                                let m = if is_report { Inbound::Report(m) } else { Inbound::FastPath(m) };
+                                if tx.send(m).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }));
+                    }
+                    stats.leases_taken.fetch_add(1, Ordering::Relaxed);
+                    held.insert(shard, Held {
+                        owner: FoldOwner::new(config_for(shard), OwnerEpoch(rev), clock(), true),
+                        revision: rev,
+                        renewed: now,
+                        forwarders,
+                    });
+                }
+                // Self-fence: a lease not renewed for half its life may lapse while we
+                // still think we hold it; stop before anyone else can start.
+                let before = held.len();
+                held.retain(|_, h| now.duration_since(h.renewed) < lease.ttl / 2);
+                stats.leases_lost.fetch_add((before - held.len()) as u64, Ordering::Relaxed);
+            }
+            _ = rounds.tick() => {
+                let now = clock();
+                let mut out = Vec::new();
+                for h in held.values_mut() {
+                    h.owner.handle_tick(now);
+                    if h.owner.check_invariants().is_err() {
+                        stats.invariant_breaches.fetch_add(1, Ordering::Relaxed);
+                    }
+                    out.extend(std::iter::from_fn(|| h.owner.poll_grant()));
+                }
+                for g in out {
+                    publish_grant(&client, &stats, subjects::grant_inbox(g.node.0), &g).await;
+                }
+            }
+            m = rx.recv() => {
+                let Some(m) = m else { return Ok(()) };
+                handle(&client, &stats, &mut held, &clock, m).await;
             }
         }
     }

@@ -3,31 +3,21 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use bus_schemas::{KeyId, NodeEpoch, NodeId, Now, OwnerEpoch, ShardId, WindowSpec};
+use bus_schemas::{KeyId, NodeEpoch, NodeId, OwnerEpoch, ShardId, WindowSpec};
 use fold_workers::OwnerConfig;
 use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
-use foldgate_tests::nats::NatsServer;
+use foldgate_tests::nats::{NatsServer, drill_plan, drive_pinned, start_nodes, system_clock};
 use gateway_node::bus::{Clock, NodeBus};
-use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
-use ops::sim::oracle::{Accuracy, Books};
+use gateway_node::{DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
 
 const NODES: u32 = 5;
 const WORKERS: u32 = 3;
 const KEYS: usize = 20;
-const RATE_PER_KEY: u64 = 50;
-const RUN: Duration = Duration::from_secs(5);
 
 fn clock() -> Clock {
-    let start = Instant::now();
-    Arc::new(move || Now {
-        wall_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis() as u64,
-        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
-    })
+    system_clock()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,18 +25,6 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
     let server = NatsServer::start();
     let clock = clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let windows = [
-        WindowSpec {
-            length_ms: 1_000,
-            limit: 40,
-        },
-        WindowSpec {
-            length_ms: 60_000,
-            limit: 1_500,
-        },
-    ];
-    let policy = KeyPolicy::new(&windows, 25).unwrap();
-
     let mut workers = Vec::new();
     let worker_stats: Vec<Arc<FoldWorkerStats>> = (0..WORKERS).map(|_| Arc::default()).collect();
     for w in 0..WORKERS {
@@ -70,65 +48,19 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
             stop.clone(),
         )));
     }
-    let mut nodes = Vec::new();
-    for i in 0..NODES {
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let limiter = NodeLimiter::new(
-            NodeConfig {
-                fleet_size: NODES,
-                shards: NODES,
-                ..NodeConfig::reference(NodeId(i))
-            },
-            Arc::new(DecisionSurface::new(SurfaceConfig::default())),
-            NodeEpoch(1),
-            clock(),
-        );
-        nodes.push(
-            NodeBus::start(client, limiter, Arc::clone(&clock), stop.clone())
-                .await
-                .unwrap(),
-        );
-    }
+    let nodes = start_nodes(&server.url(), NODES, &clock, &stop).await;
     // Let every subscription reach the server before traffic starts.
     tokio::time::sleep(Duration::from_millis(200)).await;
-
-    let keys: Vec<KeyId> = (0..KEYS as u128)
-        .map(|k| KeyId {
-            version: 1,
-            digest: (k + 11).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
-        })
-        .collect();
-    // A55: each key pinned to one or two nodes.
-    let homes: Vec<[usize; 2]> = (0..KEYS)
-        .map(|k| [k % NODES as usize, (k + k / 2) % NODES as usize])
-        .collect();
-    let mut books = Books::new(keys.clone(), windows.to_vec());
-    let started_ms = clock().wall_ms;
-    let started = Instant::now();
-    let mut carry = [0u64; KEYS];
-    let (mut offered, mut admitted) = (0u64, 0u64);
-    let mut every = tokio::time::interval(Duration::from_millis(1));
-    let mut n = 0usize;
-    while started.elapsed() < RUN {
-        every.tick().await;
-        for k in 0..KEYS {
-            carry[k] += RATE_PER_KEY;
-            while carry[k] >= 1_000 {
-                carry[k] -= 1_000;
-                n += 1;
-                let node = &nodes[homes[k][n % 2]];
-                let now = clock().wall_ms;
-                offered += 1;
-                books.offer(k as u32, now);
-                let d = node.decide(keys[k], &policy).await;
-                if matches!(d, Decision::Admit | Decision::FailOpen) {
-                    admitted += 1;
-                    books.admitted(k as u32, now);
-                }
-            }
-        }
-    }
-    let ended_ms = clock().wall_ms;
+    let run = drive_pinned(
+        &nodes,
+        KEYS,
+        &drill_plan(),
+        50,
+        Duration::from_secs(5),
+        &clock,
+        |_| {},
+    )
+    .await;
     stop_tx.send(true).unwrap();
     for w in workers {
         w.await.unwrap().unwrap();
@@ -147,8 +79,7 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
         assert_eq!(s.rejected.load(Ordering::Relaxed), 0);
         assert!(s.reports.load(Ordering::Relaxed) > 0);
     }
-    let closed = books.closed(started_ms + 1_000, ended_ms);
-    let acc = Accuracy::of(closed.iter().filter(|c| c.window_kind == 1_000));
+    let acc = run.accuracy(1_000);
     let fast_path: u64 = nodes
         .iter()
         .map(|n| n.stats.fast_path_requests.load(Ordering::Relaxed))
@@ -158,12 +89,8 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
         .map(|n| n.stats.fast_path_deadline_missed.load(Ordering::Relaxed))
         .sum();
     eprintln!(
-        "offered {offered} admitted {admitted} fast-path requests {fast_path} deadline missed {missed} \
-         closed 1 s windows {} over max {}% under p99 {}% under mean {}%",
-        acc.closed_key_windows,
-        acc.over_admission_pct_max,
-        acc.under_admission_pct_p99,
-        acc.under_admission_pct_mean
+        "fast-path requests {fast_path}, deadline missed {missed}; {}",
+        run.summary()
     );
     assert!(acc.closed_key_windows >= (KEYS as u64) * 2);
     // The simulator's steady target (issue 3/4): over max <= 0.5% at 1 s windows.

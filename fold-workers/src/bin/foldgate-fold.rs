@@ -1,0 +1,76 @@
+//! `foldgate-fold`: a fold worker process. It competes for shard leases in the NATS
+//! key-value bucket and owns whatever it holds (see `fold_workers::service`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use bus_schemas::{Now, ShardId};
+use clap::Parser;
+use fold_workers::OwnerConfig;
+use fold_workers::service::{Candidate, FoldWorkerStats, LeaseConfig, run_elected_worker};
+
+#[derive(Parser)]
+#[command(name = "foldgate-fold", about = "Foldgate fold worker")]
+struct Args {
+    /// NATS server URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// This worker's name, as written into the leases it holds.
+    #[arg(long)]
+    name: String,
+    /// Key shards in the fleet (one lease each).
+    #[arg(long, default_value_t = 20)]
+    shards: u32,
+    /// Gateway nodes in the fleet (the takeover fence waits for all of them).
+    #[arg(long, default_value_t = 20)]
+    fleet: u32,
+    /// Lease lifetime, ms; renewed every quarter of it.
+    #[arg(long, default_value_t = 500)]
+    lease_ms: u64,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let client = async_nats::connect(&args.nats)
+        .await
+        .with_context(|| format!("connecting to {}", args.nats))?;
+    let start = Instant::now();
+    let clock = Arc::new(move || Now {
+        wall_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
+    });
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = stop_tx.send(true);
+    });
+    let (shards, fleet) = (args.shards, args.fleet);
+    let lease = LeaseConfig {
+        ttl: Duration::from_millis(args.lease_ms),
+        renew_every: Duration::from_millis((args.lease_ms / 4).max(10)),
+        ..LeaseConfig::reference()
+    };
+    run_elected_worker(
+        client,
+        Candidate {
+            name: args.name,
+            shard_count: shards,
+            lease,
+        },
+        move |s| OwnerConfig {
+            shards,
+            fleet_size: fleet,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        clock,
+        Arc::new(FoldWorkerStats::default()),
+        stop,
+    )
+    .await?;
+    Ok(())
+}
