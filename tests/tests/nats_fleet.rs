@@ -236,3 +236,123 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
     stop_tx.send(true).unwrap();
     worker.await.unwrap().unwrap();
 }
+
+/// F1-F5 drill: the bus really stops for longer than the degraded threshold (made 1 s
+/// here, 30 s in production). Nodes keep deciding from held credit, self-grant at window
+/// boundaries, report degraded, and come back when the bus does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_recover() {
+    use gateway_node::window::window_start_ms;
+
+    let mut server = NatsServer::start();
+    let url = server.url();
+    let clock = clock();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let stats: Arc<FoldWorkerStats> = Arc::default();
+    let worker = tokio::spawn(run_fold_worker(
+        async_nats::connect(url.clone()).await.unwrap(),
+        Assignment {
+            shards: (0..NODES).collect(),
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        |s| OwnerConfig {
+            shards: NODES,
+            fleet_size: NODES,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        Arc::clone(&clock),
+        Arc::clone(&stats),
+        stop.clone(),
+    ));
+    let nodes = foldgate_tests::nats::start_nodes_with(&url, NODES, &clock, &stop, |c| {
+        c.degraded_after_ms = 1_000;
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let (down_at, up_at) = (Duration::from_millis(2_000), Duration::from_millis(4_500));
+    let bus = &mut server;
+    let mut state = 0; // 0 up, 1 down, 2 back
+    let mut degraded_seen = 0usize;
+    let (mut down_ms, mut up_ms, mut recovered_ms) = (0u64, 0u64, None::<u64>);
+    let run = drive_pinned(
+        &nodes,
+        KEYS,
+        &drill_plan(),
+        50,
+        Duration::from_secs(7),
+        &clock,
+        |t| {
+            let degraded = nodes.iter().filter(|n| n.surface().degraded()).count();
+            degraded_seen = degraded_seen.max(degraded);
+            if state == 0 && t >= down_at {
+                bus.stop();
+                down_ms = clock().wall_ms;
+                state = 1;
+            } else if state == 1 && t >= up_at {
+                bus.restart();
+                up_ms = clock().wall_ms;
+                state = 2;
+            } else if state == 2 && recovered_ms.is_none() && degraded == 0 {
+                recovered_ms = Some(clock().wall_ms - up_ms);
+            }
+        },
+    )
+    .await;
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+
+    let self_grants: u64 = nodes
+        .iter()
+        .map(|n| n.with_limiter(|l| l.stats().self_grants))
+        .sum();
+    for n in &nodes {
+        n.with_limiter(|l| l.check_invariants()).unwrap();
+    }
+    // Admissions in 1 s windows that lay wholly inside the outage: deciding went on.
+    let during: u64 = run
+        .books
+        .closed(down_ms, up_ms)
+        .iter()
+        .filter(|c| {
+            c.window_kind == 1_000
+                && window_start_ms(
+                    c.key,
+                    bus_schemas::WindowId {
+                        length_ms: 1_000,
+                        number: c.window_id,
+                    },
+                ) >= down_ms
+        })
+        .map(|c| c.admitted)
+        .sum();
+    let acc = run.accuracy(1_000);
+    eprintln!(
+        "bus down {} ms; degraded nodes at most {degraded_seen}; self-grants {self_grants}; \
+         admitted inside the outage {during}; back to not-degraded {recovered_ms:?} ms after \
+         the bus; {}",
+        up_ms - down_ms,
+        run.summary()
+    );
+    assert_eq!(
+        degraded_seen, NODES as usize,
+        "every node reported degraded (F5)"
+    );
+    assert!(
+        self_grants > 0,
+        "nodes self-granted at window boundaries (F4)"
+    );
+    assert!(
+        during > 0,
+        "nodes kept deciding while the bus was down (F1, F3)"
+    );
+    let recovered = recovered_ms.expect("the degraded flag cleared after the bus came back");
+    assert!(recovered <= 2_000, "recovered after {recovered} ms");
+    assert!(
+        acc.over_admission_pct_max <= 2.0,
+        "over {}%",
+        acc.over_admission_pct_max
+    );
+    drop(server);
+}
