@@ -92,6 +92,16 @@ use gateway_node::bus::{Clock, NodeBus};
 use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
 use ops::sim::oracle::{Accuracy, Books};
 
+/// A client that retries a lost server every 10 ms: a gateway wants its bus back within a
+/// round or two, not after async-nats' default backoff (seen: 1.5 s).
+pub async fn connect(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|_| Duration::from_millis(10))
+        .connect(url)
+        .await
+        .expect("connect to nats-server")
+}
+
 /// The system clocks, as a runtime hands them to the state machines.
 pub fn system_clock() -> Clock {
     let start = Instant::now();
@@ -139,7 +149,7 @@ pub async fn start_nodes_with(
 ) -> Vec<NodeBus> {
     let mut nodes = Vec::new();
     for i in 0..count {
-        let client = async_nats::connect(url).await.expect("connect");
+        let client = connect(url).await;
         let mut config = NodeConfig {
             fleet_size: count,
             shards: count,

@@ -250,7 +250,7 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let stats: Arc<FoldWorkerStats> = Arc::default();
     let worker = tokio::spawn(run_fold_worker(
-        async_nats::connect(url.clone()).await.unwrap(),
+        foldgate_tests::nats::connect(&url).await,
         Assignment {
             shards: (0..NODES).collect(),
             epoch: OwnerEpoch(1),
@@ -348,7 +348,8 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
         "nodes kept deciding while the bus was down (F1, F3)"
     );
     let recovered = recovered_ms.expect("the degraded flag cleared after the bus came back");
-    assert!(recovered <= 2_000, "recovered after {recovered} ms");
+    // F7: normal again within 3 rounds of the bus coming back.
+    assert!(recovered <= 3 * 25, "recovered after {recovered} ms");
     assert!(
         acc.over_admission_pct_max <= 2.0,
         "over {}%",
