@@ -39,6 +39,8 @@ pub struct FoldWorkerStats {
     pub invariant_breaches: AtomicU64,
     pub leases_taken: AtomicU64,
     pub leases_lost: AtomicU64,
+    /// Valid envelopes for a shard this worker does not (or no longer) own.
+    pub not_owned: AtomicU64,
 }
 
 enum Inbound {
@@ -164,7 +166,7 @@ async fn handle(
                 return;
             };
             let Some(owner) = owners.owner(batch.shard.0) else {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
+                stats.not_owned.fetch_add(1, Ordering::Relaxed);
                 return;
             };
             stats.reports.fetch_add(1, Ordering::Relaxed);
@@ -186,7 +188,7 @@ async fn handle(
                 return;
             };
             let Some(owner) = owners.owner(req.shard.0) else {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
+                stats.not_owned.fetch_add(1, Ordering::Relaxed);
                 return;
             };
             stats.fast_path_requests.fetch_add(1, Ordering::Relaxed);
