@@ -17,13 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bus_schemas::{Envelope, FastPathReply, GrantBatch, KeyId, Now, subjects};
+use bus_schemas::{Envelope, FastPathReply, GrantBatch, KeyId, Now, PolicySnapshot, subjects};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::limiter::{NodeLimiter, Transmit};
-use crate::policy::KeyPolicy;
+use crate::policy::{KeyPolicy, PolicyIndex};
 use crate::surface::{Decision, DecisionSurface};
 
 /// D5's hard deadline.
@@ -50,6 +50,9 @@ pub struct NodeBusStats {
     pub rejected_invalid: AtomicU64,
     pub fast_path_requests: AtomicU64,
     pub fast_path_deadline_missed: AtomicU64,
+    /// P1: snapshots applied, and snapshots refused (bad envelope, bad plan, old version).
+    pub policy_applied: AtomicU64,
+    pub policy_refused: AtomicU64,
 }
 
 impl NodeBusStats {
@@ -71,6 +74,17 @@ impl NodeBusStats {
     }
 }
 
+/// The key in the policy bucket (`subjects::POLICY_BUCKET`) that holds the snapshot.
+pub const POLICY_KEY: &str = "snapshot";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyWatchError {
+    #[error("opening the policy bucket: {0}")]
+    Bucket(String),
+    #[error("watching the policy key: {0}")]
+    Watch(String),
+}
+
 pub struct NodeBus {
     limiter: Arc<Mutex<NodeLimiter>>,
     surface: Arc<DecisionSurface>,
@@ -78,6 +92,7 @@ pub struct NodeBus {
     clock: Clock,
     pub stats: Arc<NodeBusStats>,
     tasks: Vec<JoinHandle<()>>,
+    policy: watch::Sender<Arc<PolicyIndex>>,
 }
 
 fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> {
@@ -172,7 +187,51 @@ impl NodeBus {
             clock,
             stats,
             tasks: vec![grant_task, tick_task],
+            policy: watch::channel(Arc::new(PolicyIndex::default())).0,
         })
+    }
+
+    /// P1: follow the policy snapshot in the NATS key-value bucket. Each new version is
+    /// validated whole (an envelope or plan that does not validate is refused and the
+    /// current version stays), applied to the limiter's buckets (`handle_policy`), then
+    /// published to `policy()` for whoever resolves keys (D1).
+    pub async fn watch_policy(&mut self, bucket: &str) -> Result<(), PolicyWatchError> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let store = js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| PolicyWatchError::Bucket(e.to_string()))?;
+        let mut updates = store
+            .watch_with_history(POLICY_KEY)
+            .await
+            .map_err(|e| PolicyWatchError::Watch(e.to_string()))?;
+        let (limiter, stats, clock, publish) = (
+            Arc::clone(&self.limiter),
+            Arc::clone(&self.stats),
+            Arc::clone(&self.clock),
+            self.policy.clone(),
+        );
+        let round_ms = lock(&limiter).config().round_ms;
+        self.tasks.push(tokio::spawn(async move {
+            while let Some(Ok(entry)) = updates.next().await {
+                let index = PolicySnapshot::decode(&entry.value)
+                    .ok()
+                    .and_then(|snap| PolicyIndex::from_snapshot(&snap, round_ms).ok());
+                let Some(index) = index.filter(|i| i.version > publish.borrow().version) else {
+                    stats.policy_refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                lock(&limiter).handle_policy(clock(), index.version, |k| index.get(k).copied());
+                publish.send_replace(Arc::new(index));
+                stats.policy_applied.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+        Ok(())
+    }
+
+    /// The policy in force (P1), to resolve a key's plan when it authenticates (D1).
+    pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
+        self.policy.subscribe()
     }
 
     pub fn surface(&self) -> &Arc<DecisionSurface> {

@@ -20,6 +20,35 @@ fn clock() -> Clock {
     system_clock()
 }
 
+/// One in-process fold worker owning `shards` of `shard_count` (fleet of `shard_count`
+/// nodes), with static assignment at owner epoch 1.
+async fn spawn_worker(
+    url: &str,
+    shards: Vec<u32>,
+    shard_count: u32,
+    clock: &Clock,
+    stats: Arc<FoldWorkerStats>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), fold_workers::service::FoldWorkerError>> {
+    let client = foldgate_tests::nats::connect(url).await;
+    tokio::spawn(run_fold_worker(
+        client,
+        Assignment {
+            shards,
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        move |s| OwnerConfig {
+            shards: shard_count,
+            fleet_size: shard_count,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        Arc::clone(clock),
+        stats,
+        stop.clone(),
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
     let server = NatsServer::start();
@@ -28,25 +57,9 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
     let mut workers = Vec::new();
     let worker_stats: Vec<Arc<FoldWorkerStats>> = (0..WORKERS).map(|_| Arc::default()).collect();
     for w in 0..WORKERS {
-        let client = async_nats::connect(server.url()).await.unwrap();
         let shards: Vec<u32> = (0..NODES).filter(|s| s % WORKERS == w).collect();
-        let config_for = |s: u32| OwnerConfig {
-            shards: NODES,
-            fleet_size: NODES,
-            ..OwnerConfig::reference(ShardId(s))
-        };
-        workers.push(tokio::spawn(run_fold_worker(
-            client,
-            Assignment {
-                shards,
-                epoch: OwnerEpoch(1),
-                takeover: false,
-            },
-            config_for,
-            Arc::clone(&clock),
-            Arc::clone(&worker_stats[w as usize]),
-            stop.clone(),
-        )));
+        let stats = Arc::clone(&worker_stats[w as usize]);
+        workers.push(spawn_worker(&server.url(), shards, NODES, &clock, stats, &stop).await);
     }
     let nodes = start_nodes(&server.url(), NODES, &clock, &stop).await;
     // Let every subscription reach the server before traffic starts.
@@ -124,22 +137,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
     }];
     let policy = KeyPolicy::new(&windows, 25).unwrap();
     let stats = Arc::new(FoldWorkerStats::default());
-    let worker = tokio::spawn(run_fold_worker(
-        async_nats::connect(server.url()).await.unwrap(),
-        Assignment {
-            shards: vec![0],
-            epoch: OwnerEpoch(1),
-            takeover: false,
-        },
-        |s| OwnerConfig {
-            shards: 1,
-            fleet_size: 1,
-            ..OwnerConfig::reference(ShardId(s))
-        },
-        Arc::clone(&clock),
-        Arc::clone(&stats),
-        stop.clone(),
-    ));
+    let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
     let limiter = NodeLimiter::new(
         NodeConfig {
             fleet_size: 1,
@@ -249,22 +247,15 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
     let clock = clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let stats: Arc<FoldWorkerStats> = Arc::default();
-    let worker = tokio::spawn(run_fold_worker(
-        foldgate_tests::nats::connect(&url).await,
-        Assignment {
-            shards: (0..NODES).collect(),
-            epoch: OwnerEpoch(1),
-            takeover: false,
-        },
-        |s| OwnerConfig {
-            shards: NODES,
-            fleet_size: NODES,
-            ..OwnerConfig::reference(ShardId(s))
-        },
-        Arc::clone(&clock),
+    let worker = spawn_worker(
+        &server.url(),
+        (0..NODES).collect(),
+        NODES,
+        &clock,
         Arc::clone(&stats),
-        stop.clone(),
-    ));
+        &stop,
+    )
+    .await;
     let nodes = foldgate_tests::nats::start_nodes_with(&url, NODES, &clock, &stop, |c| {
         c.degraded_after_ms = 1_000;
     })
@@ -356,4 +347,116 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
         acc.over_admission_pct_max
     );
     drop(server);
+}
+
+/// P1 on NATS: the policy snapshot lives in a key-value bucket; a node follows it, refuses
+/// a bad or stale version whole, and switches its buckets when a new version lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_version_put_in_key_value_is_switched_to_atomically() {
+    use bus_schemas::{Envelope, KeyAssignment, Plan, PolicySnapshot, subjects};
+    use gateway_node::bus::POLICY_KEY;
+    use gateway_node::window::window_at;
+
+    let server = NatsServer::start();
+    let url = server.url();
+    let clock = clock();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let js = async_nats::jetstream::new(foldgate_tests::nats::connect(&url).await);
+    let kv = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: subjects::POLICY_BUCKET.into(),
+            history: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let key = KeyId {
+        version: 1,
+        digest: 0xabcd_u128 << 64 | 3,
+    };
+    let snapshot = |version: u64, per_second: u64| PolicySnapshot {
+        version,
+        plans: vec![Plan {
+            id: 1,
+            name: "standard".into(),
+            windows: vec![
+                WindowSpec {
+                    length_ms: 1_000,
+                    limit: per_second,
+                },
+                WindowSpec {
+                    length_ms: 60_000,
+                    limit: 1_500,
+                },
+            ],
+        }],
+        keys: vec![KeyAssignment {
+            key,
+            plan_id: 1,
+            override_windows: Vec::new(),
+        }],
+    };
+    kv.put(POLICY_KEY, snapshot(1, 40).encode().into())
+        .await
+        .unwrap();
+    let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::default(), &stop).await;
+    let mut nodes = start_nodes(&url, 1, &clock, &stop).await;
+    let node = &mut nodes[0];
+    node.watch_policy(subjects::POLICY_BUCKET).await.unwrap();
+    let policy = node.policy();
+    let wait_for = |applied: u64, refused: u64| {
+        let stats = Arc::clone(&node.stats);
+        async move {
+            let by = std::time::Instant::now() + Duration::from_secs(5);
+            while stats.policy_applied.load(Ordering::Relaxed) < applied
+                || stats.policy_refused.load(Ordering::Relaxed) < refused
+            {
+                assert!(std::time::Instant::now() < by, "policy watch stalled");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_for(1, 0).await;
+    let v1 = *policy.borrow().get(&key).expect("the key is in v1");
+    for _ in 0..10 {
+        let _ = node.decide(key, &v1).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // A snapshot that does not decode, and one that repeats the version: refused whole.
+    kv.put(POLICY_KEY, vec![0x08, 0x07, 0xff].into())
+        .await
+        .unwrap();
+    kv.put(POLICY_KEY, snapshot(1, 999).encode().into())
+        .await
+        .unwrap();
+    wait_for(1, 2).await;
+    assert_eq!(policy.borrow().version, 1);
+    assert_eq!(node.with_limiter(|l| l.policy_version()), 1);
+
+    kv.put(POLICY_KEY, snapshot(2, 80).encode().into())
+        .await
+        .unwrap();
+    wait_for(2, 2).await;
+    let v2 = *policy.borrow().get(&key).expect("the key is in v2");
+    assert_eq!(v2.windows()[0].limit, 80);
+    assert_eq!(node.with_limiter(|l| l.policy_version()), 2);
+    assert_eq!(node.with_limiter(|l| l.stats().policy_switched), 1);
+    // The next 1 s window opens under v2.
+    let deadline = std::time::Instant::now() + Duration::from_millis(1_300);
+    while std::time::Instant::now() < deadline {
+        let _ = node.decide(key, &v2).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kw = bus_schemas::KeyWindow {
+        key,
+        window: window_at(key, 1_000, clock().wall_ms),
+    };
+    let line = node
+        .with_limiter(|l| l.line_for(&kw))
+        .expect("a line for the new window");
+    assert_eq!(line.allowance, 80);
+    node.with_limiter(|l| l.check_invariants()).unwrap();
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
 }
