@@ -2,6 +2,7 @@
 //! an in-memory, fault-injecting message queue. The property tests in `tests/` drive it.
 
 pub mod nats;
+pub mod tls;
 
 use std::sync::Arc;
 

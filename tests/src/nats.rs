@@ -20,10 +20,18 @@ impl Drop for TempDir {
     }
 }
 
+/// With a config file the server takes everything from it (TLS, authorization); without,
+/// it listens in plain text with JetStream in `dir`.
 fn spawn(port: u16, dir: &std::path::Path) -> Child {
-    let child = Command::new("nats-server")
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-        .arg(dir)
+    let config = dir.join("server.conf");
+    let mut cmd = Command::new("nats-server");
+    if config.exists() {
+        cmd.arg("-c").arg(&config);
+    } else {
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir);
+    }
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -45,12 +53,21 @@ fn spawn(port: u16, dir: &std::path::Path) -> Child {
 impl NatsServer {
     /// Starts nats-server with JetStream in a fresh temporary directory.
     pub fn start() -> Self {
+        Self::start_with(|_, _| None)
+    }
+
+    /// As `start`; `config(port, dir)` may return a server config file's text (its
+    /// `listen` must be `127.0.0.1:<port>`), written to `dir/server.conf`.
+    pub fn start_with(config: impl FnOnce(u16, &std::path::Path) -> Option<String>) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
         let dir = std::env::temp_dir().join(format!("foldgate-nats-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        if let Some(text) = config(port, &dir) {
+            std::fs::write(dir.join("server.conf"), text).expect("server config");
+        }
         let child = spawn(port, &dir);
         Self {
             child: Some(child),

@@ -1,0 +1,61 @@
+//! Certificates for the mTLS tests (B2, A56), made fresh per run with rcgen: a CA, a
+//! server certificate for 127.0.0.1, and one client certificate per role. Nothing here is
+//! a secret anyone else holds; the directory is removed when dropped.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+
+pub struct TestPki {
+    pub dir: PathBuf,
+}
+
+/// The PEM files of one certificate.
+pub struct Pem {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestPki {
+    /// A CA, `server` (SAN 127.0.0.1 and localhost), and a client certificate per common
+    /// name in `roles` (the NATS server maps the subject `CN=<role>` to a user).
+    pub fn new(dir: &Path, roles: &[&str]) -> Self {
+        std::fs::create_dir_all(dir).expect("pki dir");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "foldgate test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key"))
+            .expect("ca");
+        std::fs::write(dir.join("ca.pem"), ca.pem()).expect("write ca");
+        let leaf = |name: &str, sans: Vec<String>| {
+            let key = KeyPair::generate().expect("key");
+            let mut p = CertificateParams::new(sans).expect("params");
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, name);
+            let cert = p.signed_by(&key, &ca).expect("sign");
+            std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).expect("write cert");
+            std::fs::write(dir.join(format!("{name}-key.pem")), key.serialize_pem())
+                .expect("write key");
+        };
+        leaf("server", vec!["127.0.0.1".into(), "localhost".into()]);
+        for role in roles {
+            leaf(role, Vec::new());
+        }
+        Self {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    pub fn pem(&self, name: &str) -> Pem {
+        Pem {
+            cert: self.dir.join(format!("{name}.pem")),
+            key: self.dir.join(format!("{name}-key.pem")),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! B2 / A56 on a real nats-server: mutual TLS on every connection and authorization per
+//! role. A gateway certificate may publish reports and fast-path requests but never a
+//! grant; a client without a certificate cannot connect at all.
+
+use std::time::Duration;
+
+use bus_schemas::{Envelope, GrantBatch, NodeId, OwnerEpoch, ShardId, subjects};
+use foldgate_tests::nats::NatsServer;
+use foldgate_tests::tls::TestPki;
+use futures::StreamExt;
+
+fn server_config(port: u16, dir: &std::path::Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"
+listen: "127.0.0.1:{port}"
+jetstream {{ store_dir: "{d}/js" }}
+tls {{
+  cert_file: "{d}/server.pem"
+  key_file: "{d}/server-key.pem"
+  ca_file: "{d}/ca.pem"
+  verify_and_map: true
+  timeout: 2
+}}
+authorization {{
+  users = [
+    {{ user: "CN=gateway", permissions: {{
+        publish: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>"] }}
+        subscribe: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+    {{ user: "CN=fold", permissions: {{
+        publish: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>", "$JS.>"] }}
+        subscribe: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>", "foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+  ]
+}}
+"#
+    )
+}
+
+async fn connect_as(
+    url: &str,
+    pki: &TestPki,
+    role: Option<&str>,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca());
+    if let Some(role) = role {
+        let pem = pki.pem(role);
+        options = options.add_client_certificate(pem.cert, pem.key);
+    }
+    options.connect(url).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_cannot_forge_grants_and_strangers_cannot_connect() {
+    let mut pki_dir = None;
+    let server = NatsServer::start_with(|port, dir| {
+        let pki = TestPki::new(dir, &["gateway", "fold"]);
+        pki_dir = Some(pki.dir.clone());
+        Some(server_config(port, dir))
+    });
+    let pki = TestPki {
+        dir: pki_dir.expect("pki made"),
+    };
+    let url = format!("tls://127.0.0.1:{}", server.port);
+
+    let stranger = tokio::time::timeout(Duration::from_secs(5), connect_as(&url, &pki, None)).await;
+    assert!(
+        !matches!(stranger, Ok(Ok(_))),
+        "a client without a certificate connected"
+    );
+
+    let gateway = connect_as(&url, &pki, Some("gateway"))
+        .await
+        .expect("gateway connects");
+    let fold = connect_as(&url, &pki, Some("fold"))
+        .await
+        .expect("fold worker connects");
+    let mut grants = fold.subscribe(subjects::grant_inbox(0)).await.unwrap();
+    let mut reports = fold.subscribe(subjects::report(0)).await.unwrap();
+    fold.flush().await.unwrap();
+
+    let forged = GrantBatch {
+        owner_epoch: OwnerEpoch(u64::MAX),
+        shard: ShardId(0),
+        node: NodeId(0),
+        entries: Vec::new(),
+    };
+    // The server refuses the publish (a permissions violation); nothing reaches the inbox.
+    let _ = gateway
+        .publish(subjects::grant_inbox(0), forged.encode().into())
+        .await;
+    gateway
+        .publish(subjects::report(0), b"a report".to_vec().into())
+        .await
+        .unwrap();
+    gateway.flush().await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(2), reports.next())
+        .await
+        .expect("the gateway's report arrives")
+        .unwrap();
+    assert_eq!(&report.payload[..], b"a report");
+
+    // A control grant from the fold role does arrive: the only grant seen must be it.
+    fold.publish(subjects::grant_inbox(0), b"control".to_vec().into())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(2), grants.next())
+        .await
+        .expect("the fold worker's grant arrives")
+        .unwrap();
+    assert_eq!(
+        &first.payload[..],
+        b"control",
+        "the forged grant got through"
+    );
+    let more = tokio::time::timeout(Duration::from_millis(300), grants.next()).await;
+    assert!(more.is_err(), "nothing else arrived on the grant inbox");
+}
