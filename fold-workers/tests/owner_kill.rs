@@ -12,7 +12,7 @@ use foldgate_tests::nats::{NatsServer, drill_plan, drive_pinned, start_nodes, sy
 
 const NODES: u32 = 5;
 const WORKERS: usize = 3;
-const LEASE_MS: u64 = 500;
+const LEASE_MS: u64 = 100;
 
 struct Worker(Child);
 
@@ -140,11 +140,9 @@ async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
         "ownership moved {moved_after_ms} ms after kill -9; {}",
         run.summary()
     );
-    // The lease lapses after LEASE_MS; a survivor retries every quarter of it.
-    assert!(
-        moved_after_ms <= LEASE_MS * 3,
-        "moved after {moved_after_ms} ms"
-    );
+    // The lease lapses after LEASE_MS (the server expires entries a little later); a
+    // survivor retries every quarter of it. Seen: 186-231 ms with 100 ms leases.
+    assert!(moved_after_ms <= 500, "moved after {moved_after_ms} ms");
     assert!(
         acc.over_admission_pct_max <= 2.0,
         "over {}%",

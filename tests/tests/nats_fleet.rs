@@ -205,6 +205,16 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
         .publish(subjects::report(0), vec![0x08, 0x09, 0xff].into())
         .await
         .unwrap();
+    // And on the fast-path subject: a garbage request gets no answer at all.
+    let unanswered = tokio::time::timeout(
+        Duration::from_millis(300),
+        client.request(subjects::fast_path(0), vec![0x08, 0x01, 0xff, 0xff].into()),
+    )
+    .await;
+    assert!(
+        !matches!(unanswered, Ok(Ok(_))),
+        "a garbage fast-path request was answered"
+    );
     client.flush().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
