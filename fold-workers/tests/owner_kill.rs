@@ -113,7 +113,7 @@ async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
         &nodes,
         20,
         &windows,
-        50,
+        50_000,
         Duration::from_secs(6),
         &clock,
         |t| {

@@ -4,6 +4,10 @@
 //!   drives the real node limiter and fold owner state machines through a simulated bus,
 //!   with the global-sync baseline beside them, and measures against an exact oracle.
 //!
+//! * `fleet`: the same fleet on a real nats-server (`foldgate bench fleet`, and the NATS
+//!   integration tests): server lifecycle, node runtimes, a real-time traffic driver.
+//!
 //! The binary (`src/main.rs`) is only argument parsing and printing.
 
+pub mod fleet;
 pub mod sim;

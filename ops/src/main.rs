@@ -20,6 +20,41 @@ enum Command {
     /// Simulate a fleet (node limiters, fold owners, bus) on a virtual clock and measure
     /// over- and under-admission against an exact oracle.
     Sim(SimArgs),
+    /// Measure on a real bus.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// N node runtimes (in this process) and M `foldgate-fold` worker processes on a real
+    /// nats-server, pinned traffic in real time, accuracy against the exact oracle.
+    Fleet(FleetArgs),
+}
+
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// Use this server instead of starting one (it must have JetStream on).
+    #[arg(long)]
+    nats: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    nodes: u32,
+    #[arg(long, default_value_t = 3)]
+    workers: u32,
+    #[arg(long, default_value_t = 1_000)]
+    keys: usize,
+    /// Offered requests per second, fleet-wide.
+    #[arg(long, default_value_t = 50_000)]
+    rate: u64,
+    /// Real seconds of traffic.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Fold worker lease, ms.
+    #[arg(long, default_value_t = 500)]
+    lease_ms: u64,
+    /// Drill: SIGKILL the worker holding shard 0 at this second.
+    #[arg(long)]
+    kill_owner_at: Option<f64>,
 }
 
 #[derive(clap::Args)]
@@ -102,6 +137,203 @@ struct SimArgs {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Sim(args) => run_sim(args),
+        Command::Bench(BenchCommand::Fleet(args)) => bench::fleet(args),
+    }
+}
+
+mod bench {
+    use std::process::{Child, Command, Stdio};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context, Result, bail};
+    use ops::fleet::{NatsServer, connect, drive_pinned, start_nodes, system_clock};
+    use ops::sim::oracle::{Accuracy, round4};
+
+    use super::FleetArgs;
+
+    struct Worker(Child);
+
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn percentile_us(v: &mut [u64], p: f64) -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        v.sort_unstable();
+        let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+        round4(v[i] as f64 / 1_000.0)
+    }
+
+    pub fn fleet(a: FleetArgs) -> Result<()> {
+        if a.nodes < 2 || a.workers == 0 || a.keys == 0 || a.seconds == 0 {
+            bail!("--nodes >= 2, --workers >= 1, --keys >= 1, --seconds >= 1");
+        }
+        let worker_bin = std::env::current_exe()?
+            .parent()
+            .context("the binary's directory")?
+            .join("foldgate-fold");
+        if !worker_bin.exists() {
+            bail!(
+                "{} is missing: build it with `cargo build --release -p fold-workers`",
+                worker_bin.display()
+            );
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let server = a.nats.is_none().then(NatsServer::start);
+            let url = a
+                .nats
+                .clone()
+                .unwrap_or_else(|| server.as_ref().expect("started").url());
+            let mut workers: Vec<Option<Worker>> = (0..a.workers)
+                .map(|w| {
+                    Command::new(&worker_bin)
+                        .args(["--nats", &url, "--name", &format!("w{w}")])
+                        .args([
+                            "--shards",
+                            &a.nodes.to_string(),
+                            "--fleet",
+                            &a.nodes.to_string(),
+                        ])
+                        .args(["--lease-ms", &a.lease_ms.to_string()])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .map(|c| Some(Worker(c)))
+                })
+                .collect::<std::io::Result<_>>()?;
+            let js = async_nats::jetstream::new(connect(&url).await);
+            let bucket = fold_workers::service::LeaseConfig::reference().bucket;
+            let up_by = Instant::now() + Duration::from_secs(15);
+            let store = loop {
+                if let Ok(s) = js.get_key_value(bucket.clone()).await {
+                    let mut all = true;
+                    for shard in 0..a.nodes {
+                        all &= matches!(
+                            s.get(fold_workers::service::lease_key(shard)).await,
+                            Ok(Some(_))
+                        );
+                    }
+                    if all {
+                        break s;
+                    }
+                }
+                if Instant::now() > up_by {
+                    bail!("the fold workers did not take every shard's lease");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let clock = system_clock();
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            let nodes = start_nodes(&url, a.nodes, &clock, &stop).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+
+            // Owner changes: every time a shard's lease holder differs from the last seen.
+            let changes = Arc::new(AtomicU64::new(0));
+            let watcher = {
+                let (store, changes, shards) = (store.clone(), Arc::clone(&changes), a.nodes);
+                tokio::spawn(async move {
+                    let mut last: Vec<Option<Vec<u8>>> = vec![None; shards as usize];
+                    loop {
+                        for s in 0..shards {
+                            if let Ok(Some(v)) =
+                                store.get(fold_workers::service::lease_key(s)).await
+                            {
+                                let slot = &mut last[s as usize];
+                                if slot.as_deref().is_some_and(|old| old != &v[..]) {
+                                    changes.fetch_add(1, Ordering::Relaxed);
+                                }
+                                *slot = Some(v.to_vec());
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(25)).await;
+                    }
+                })
+            };
+            let victim = match store.get(fold_workers::service::lease_key(0)).await {
+                Ok(Some(v)) => String::from_utf8_lossy(&v)[1..].parse::<usize>().ok(),
+                _ => None,
+            };
+            let rate_per_key_milli = a.rate * 1_000 / a.keys as u64;
+            let windows = ops::fleet::drill_plan_for(rate_per_key_milli);
+            let kill_at = a.kill_owner_at.map(Duration::from_secs_f64);
+            let started = Instant::now();
+            let mut run = drive_pinned(
+                &nodes,
+                a.keys,
+                &windows,
+                rate_per_key_milli,
+                Duration::from_secs(a.seconds),
+                &clock,
+                |t| {
+                    if kill_at.is_some_and(|k| t >= k)
+                        && let Some(i) = victim
+                    {
+                        drop(workers[i].take());
+                    }
+                },
+            )
+            .await;
+            let elapsed = started.elapsed().as_secs_f64();
+            let _ = stop_tx.send(true);
+            watcher.abort();
+            let mut violations = 0u64;
+            let (mut fail_open, mut fast, mut msgs) = (0u64, 0u64, 0u64);
+            for n in &nodes {
+                violations += u64::from(n.with_limiter(|l| l.check_invariants()).is_err());
+                fail_open += n.surface().stats.fail_open.load(Ordering::Relaxed);
+                let s = &n.stats;
+                fast += s.fast_path_requests.load(Ordering::Relaxed);
+                msgs += s.reports_published.load(Ordering::Relaxed)
+                    + s.grant_batches.load(Ordering::Relaxed)
+                    + 2 * s.fast_path_requests.load(Ordering::Relaxed);
+            }
+            let closed = run.books.closed(run.started_ms + 1_000, run.ended_ms);
+            let all = Accuracy::of(closed.iter());
+            let one_s = Accuracy::of(closed.iter().filter(|c| c.window_kind == 1_000));
+            let report = serde_json::json!({
+                "scenario": "pinned",
+                "mode": "leasing",
+                "nodes": a.nodes,
+                "workers": a.workers,
+                "keys": a.keys,
+                "sim_seconds": a.seconds,
+                "rate": a.rate,
+                "offered_rate_per_s": round4(run.offered as f64 / elapsed),
+                "offered": run.offered,
+                "admitted": run.admitted,
+                "fail_open_admitted": fail_open,
+                "over_admission_pct_max": all.over_admission_pct_max,
+                "over_admission_pct_p99": all.over_admission_pct_p99,
+                "under_admission_pct_p99": all.under_admission_pct_p99,
+                "under_admission_pct_mean": all.under_admission_pct_mean,
+                "under_admission_pct_p99_1s": one_s.under_admission_pct_p99,
+                "closed_key_windows": all.closed_key_windows,
+                "fast_path_share_pct": round4(fast as f64 * 100.0 / run.offered.max(1) as f64),
+                "invariant_violations": violations,
+                "wall_ms": (elapsed * 1_000.0) as u64,
+                "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),
+                "decision_latency_us_p99": percentile_us(&mut run.decision_ns, 0.99),
+                "decision_latency_us_p999": percentile_us(&mut run.decision_ns, 0.999),
+                "fast_path_latency_us_p99": percentile_us(&mut run.fast_path_ns, 0.99),
+                "bus_msgs_per_s": round4(msgs as f64 / elapsed),
+                "bus_bytes_per_s": serde_json::Value::Null,
+                "owner_changes": changes.load(Ordering::Relaxed),
+            });
+            println!("{report}");
+            drop(workers);
+            drop(server);
+            Ok(())
+        })
     }
 }
 

@@ -68,7 +68,7 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
         &nodes,
         KEYS,
         &drill_plan(),
-        50,
+        50_000,
         Duration::from_secs(5),
         &clock,
         |_| {},
@@ -281,7 +281,7 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
         &nodes,
         KEYS,
         &drill_plan(),
-        50,
+        50_000,
         Duration::from_secs(7),
         &clock,
         |t| {

