@@ -21,16 +21,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const TAG_SHIFT: u32 = 41;
 const EXHAUSTED_BIT: u64 = 1 << 40;
 pub const CREDIT_MAX: u64 = (1 << 40) - 1;
-/// Tags are window numbers modulo this; the all-ones tag is reserved for "empty".
-const TAG_MODULUS: u64 = (1 << 23) - 1;
-pub const TAG_EMPTY: u64 = TAG_MODULUS;
+/// A tag is the window number's low 22 bits with the top (23rd) bit set; the all-zero tag
+/// means "empty" and no window's tag is ever zero. A mask and an or, where the earlier
+/// modulo by 2^23 - 1 cost ~12 instructions per window on the decision path.
+const TAG_NUMBER_MASK: u64 = (1 << 22) - 1;
+const TAG_LIVE_BIT: u64 = 1 << 22;
+pub const TAG_EMPTY: u64 = 0;
 pub const EMPTY_WORD: u64 = TAG_EMPTY << TAG_SHIFT;
 
 /// Tag of a window number. Adjacent windows never share a tag, which is all the parity
 /// double buffer needs (a word is only ever compared with the window a caller names).
 #[inline]
 pub fn tag_of(number: u64) -> u64 {
-    number % TAG_MODULUS
+    (number & TAG_NUMBER_MASK) | TAG_LIVE_BIT
 }
 
 #[inline]
@@ -55,7 +58,7 @@ pub fn word_exhausted(word: u64) -> bool {
 
 #[inline]
 pub fn pack(tag: u64, exhausted: bool, credit: u64) -> u64 {
-    debug_assert!(tag <= TAG_EMPTY);
+    debug_assert!(tag < 1 << 23);
     assert!(
         credit <= CREDIT_MAX,
         "credit {credit} exceeds the 40-bit word"
@@ -145,8 +148,11 @@ mod tests {
         assert_eq!(word_tag(w), tag_of(12345));
         assert!(word_exhausted(w));
         assert_eq!(word_credit(w), 77);
-        assert_ne!(tag_of(TAG_MODULUS - 1), TAG_EMPTY);
-        assert_ne!(tag_of(TAG_MODULUS), TAG_EMPTY);
+        for n in [0, 1, TAG_NUMBER_MASK, TAG_NUMBER_MASK + 1, u64::MAX] {
+            assert_ne!(tag_of(n), TAG_EMPTY, "window {n}");
+            assert_ne!(tag_of(n), tag_of(n.wrapping_add(1)), "adjacent windows {n}");
+        }
+        assert_eq!(word_tag(EMPTY_WORD), TAG_EMPTY);
         assert_ne!(tag_of(7), tag_of(8));
     }
 
