@@ -278,7 +278,9 @@ pub async fn run_elected_worker(
             bucket: lease.bucket.clone(),
             history: 1,
             max_age: lease.ttl,
-            storage: jetstream::stream::StorageType::Memory,
+            // On disk: the leases (and their revisions, the owner epochs) must survive a
+            // server restart, or no worker can take a shard back afterwards.
+            storage: jetstream::stream::StorageType::File,
             ..Default::default()
         })
         .await

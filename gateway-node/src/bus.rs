@@ -29,6 +29,13 @@ use crate::surface::{Decision, DecisionSurface};
 /// D5's hard deadline.
 pub const FAST_PATH_DEADLINE: Duration = Duration::from_millis(1);
 
+/// Rounds of reports the publisher queue holds before the tick starts dropping them.
+const REPORT_QUEUE_ROUNDS: usize = 4;
+
+fn limiter_shards(limiter: &Mutex<NodeLimiter>) -> usize {
+    lock(limiter).config().shards as usize
+}
+
 /// Where the runtime reads time. Production passes the system clocks; tests may share one.
 pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
 
@@ -42,6 +49,8 @@ pub enum NodeBusError {
 #[derive(Debug, Default)]
 pub struct NodeBusStats {
     pub reports_published: AtomicU64,
+    /// Reports dropped because the bus could not take them (queue full, bus down).
+    pub reports_dropped: AtomicU64,
     pub publish_errors: AtomicU64,
     pub grant_batches: AtomicU64,
     pub rejected_too_large: AtomicU64,
@@ -53,6 +62,9 @@ pub struct NodeBusStats {
     /// P1: snapshots applied, and snapshots refused (bad envelope, bad plan, old version).
     pub policy_applied: AtomicU64,
     pub policy_refused: AtomicU64,
+    /// Envelope bytes this node put on the bus and took off it (payloads, not framing).
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
 }
 
 impl NodeBusStats {
@@ -133,6 +145,9 @@ impl NodeBus {
                         m = grants.next() => match m { Some(m) => m, None => return },
                         _ = shutdown.changed() => return,
                     };
+                    stats
+                        .bytes_in
+                        .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
                     match GrantBatch::decode(&msg.payload) {
                         Ok(batch) => {
                             stats.grant_batches.fetch_add(1, Ordering::Relaxed);
@@ -144,12 +159,45 @@ impl NodeBus {
             })
         };
 
+        // The tick never waits on the bus: reports go through a bounded queue to a
+        // publisher task, and a full queue drops the newest (the bus is lossy anyway, and
+        // the next round's report supersedes it). Found by `bench fleet --bus-down-at`:
+        // awaiting the publish stalled the tick, the surface took the stalled reconciler
+        // for a dead one (D8) and failed open, 27.5% over the limit.
+        let queue_cap = REPORT_QUEUE_ROUNDS * limiter_shards(&limiter);
+        let (reports_tx, mut reports_rx) =
+            tokio::sync::mpsc::channel::<(String, Vec<u8>)>(queue_cap);
+        let publish_task = {
+            let (stats, client, inbox, mut shutdown) = (
+                Arc::clone(&stats),
+                client.clone(),
+                inbox.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let (subject, bytes) = tokio::select! {
+                        r = reports_rx.recv() => match r {
+                            Some(report) => report,
+                            None => return,
+                        },
+                        _ = shutdown.changed() => return,
+                    };
+                    match client
+                        .publish_with_reply(subject, inbox.clone(), bytes.into())
+                        .await
+                    {
+                        Ok(()) => stats.reports_published.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => stats.publish_errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        };
         let tick_task = {
-            let (limiter, stats, clock, client, mut shutdown) = (
+            let (limiter, stats, clock, mut shutdown) = (
                 Arc::clone(&limiter),
                 Arc::clone(&stats),
                 Arc::clone(&clock),
-                client.clone(),
                 shutdown,
             );
             tokio::spawn(async move {
@@ -167,14 +215,16 @@ impl NodeBus {
                     };
                     for t in out {
                         let Transmit::Report(r) = t else { continue };
-                        let subject = subjects::report(r.shard.0);
-                        match client
-                            .publish_with_reply(subject, inbox.clone(), r.encode().into())
-                            .await
+                        let bytes = r.encode();
+                        stats
+                            .bytes_out
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        if reports_tx
+                            .try_send((subjects::report(r.shard.0), bytes))
+                            .is_err()
                         {
-                            Ok(()) => stats.reports_published.fetch_add(1, Ordering::Relaxed),
-                            Err(_) => stats.publish_errors.fetch_add(1, Ordering::Relaxed),
-                        };
+                            stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             })
@@ -186,7 +236,7 @@ impl NodeBus {
             client,
             clock,
             stats,
-            tasks: vec![grant_task, tick_task],
+            tasks: vec![grant_task, tick_task, publish_task],
             policy: watch::channel(Arc::new(PolicyIndex::default())).0,
         })
     }
@@ -246,7 +296,13 @@ impl NodeBus {
     /// One request's decision. Returns at once unless the surface asks for the fast path,
     /// which is then given at most `FAST_PATH_DEADLINE`.
     pub async fn decide(&self, key: KeyId, policy: &KeyPolicy) -> Decision {
-        let now = (self.clock)();
+        self.decide_at(key, policy, (self.clock)()).await
+    }
+
+    /// As `decide`, for a request that arrived at `now`: every window it is charged to is
+    /// named from this one reading, the fast path's second look included, so a caller that
+    /// books the request (the oracle in `bench fleet`) books it where it was charged.
+    pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
             Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
@@ -278,21 +334,28 @@ impl NodeBus {
                 .fetch_add(1, Ordering::Relaxed);
             let subject = subjects::fast_path(f.shard.0);
             let payload = f.encode();
+            self.stats
+                .bytes_out
+                .fetch_add(payload.len() as u64, Ordering::Relaxed);
             let client = self.client.clone();
             async move {
                 tokio::time::timeout_at(deadline, client.request(subject, payload.into())).await
             }
         });
         for answer in futures::future::join_all(calls).await {
-            match answer {
-                Ok(Ok(msg)) => match FastPathReply::decode(&msg.payload) {
-                    Ok(reply) => lock(&self.limiter).handle_fast_path_reply((self.clock)(), &reply),
-                    Err(e) => {
-                        self.stats.rejected(e.reason());
-                        missed = true;
-                    }
-                },
-                _ => missed = true,
+            let Ok(Ok(msg)) = answer else {
+                missed = true;
+                continue;
+            };
+            self.stats
+                .bytes_in
+                .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+            match FastPathReply::decode(&msg.payload) {
+                Ok(reply) => lock(&self.limiter).handle_fast_path_reply((self.clock)(), &reply),
+                Err(e) => {
+                    self.stats.rejected(e.reason());
+                    missed = true;
+                }
             }
         }
         if missed {
@@ -301,7 +364,7 @@ impl NodeBus {
                 .fetch_add(1, Ordering::Relaxed);
         }
         self.surface
-            .decide_after_fast_path(need.key, (self.clock)().wall_ms, policy, missed)
+            .decide_after_fast_path(need.key, now.wall_ms, policy, missed)
     }
 }
 

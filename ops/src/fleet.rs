@@ -112,11 +112,14 @@ use bus_schemas::{KeyId, NodeEpoch, NodeId, Now, WindowSpec};
 use gateway_node::bus::{Clock, NodeBus};
 use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
 
-/// A client that retries a lost server every 10 ms: a gateway wants its bus back within a
-/// round or two, not after async-nats' default backoff (seen: 1.5 s).
+/// A client that retries a lost server every 10 ms for its first 500 attempts (~5 s), then
+/// every second: a gateway wants its bus back within a round or two, not after async-nats'
+/// default backoff (seen: 1.5 s).
 pub async fn connect(url: &str) -> async_nats::Client {
     async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(|_| Duration::from_millis(10))
+        .reconnect_delay_callback(|attempt| {
+            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
+        })
         .connect(url)
         .await
         .expect("connect to nats-server")
@@ -281,12 +284,13 @@ pub async fn drive_pinned(
                 carry[k] -= 1_000_000;
                 turn += 1;
                 let node = &nodes[homes[k][turn % 2]];
-                let now = clock().wall_ms;
+                let at = clock();
+                let now = at.wall_ms;
                 offered += 1;
                 books.offer(k as u32, now);
                 let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
                 let t0 = Instant::now();
-                let d = node.decide(ids[k], &policy).await;
+                let d = node.decide_at(ids[k], &policy, at).await;
                 let ns = t0.elapsed().as_nanos() as u64;
                 decision_ns.push(ns);
                 if node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before {

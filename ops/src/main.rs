@@ -55,6 +55,12 @@ struct FleetArgs {
     /// Drill: SIGKILL the worker holding shard 0 at this second.
     #[arg(long)]
     kill_owner_at: Option<f64>,
+    /// Drill: stop the nats-server (only one this command started) at this second...
+    #[arg(long)]
+    bus_down_at: Option<f64>,
+    /// ...for this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    bus_down_s: f64,
 }
 
 #[derive(clap::Args)]
@@ -190,7 +196,10 @@ mod bench {
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let server = a.nats.is_none().then(NatsServer::start);
+            if a.bus_down_at.is_some() && a.nats.is_some() {
+                bail!("--bus-down-at needs the server this command starts (no --nats)");
+            }
+            let mut server = a.nats.is_none().then(NatsServer::start);
             let url = a
                 .nats
                 .clone()
@@ -266,6 +275,12 @@ mod bench {
             let rate_per_key_milli = a.rate * 1_000 / a.keys as u64;
             let windows = ops::fleet::drill_plan_for(rate_per_key_milli);
             let kill_at = a.kill_owner_at.map(Duration::from_secs_f64);
+            let bus_down = a.bus_down_at.map(|at| {
+                let at = Duration::from_secs_f64(at);
+                (at, at + Duration::from_secs_f64(a.bus_down_s))
+            });
+            let mut bus_state = 0u8; // 0 up, 1 down, 2 back
+            let mut degraded_max = 0usize;
             let started = Instant::now();
             let mut run = drive_pinned(
                 &nodes,
@@ -280,6 +295,17 @@ mod bench {
                     {
                         drop(workers[i].take());
                     }
+                    if let (Some((down, up)), Some(srv)) = (bus_down, server.as_mut()) {
+                        if bus_state == 0 && t >= down {
+                            srv.stop();
+                            bus_state = 1;
+                        } else if bus_state == 1 && t >= up {
+                            srv.restart();
+                            bus_state = 2;
+                        }
+                    }
+                    degraded_max =
+                        degraded_max.max(nodes.iter().filter(|n| n.surface().degraded()).count());
                 },
             )
             .await;
@@ -287,12 +313,13 @@ mod bench {
             let _ = stop_tx.send(true);
             watcher.abort();
             let mut violations = 0u64;
-            let (mut fail_open, mut fast, mut msgs) = (0u64, 0u64, 0u64);
+            let (mut fail_open, mut fast, mut msgs, mut bytes) = (0u64, 0u64, 0u64, 0u64);
             for n in &nodes {
                 violations += u64::from(n.with_limiter(|l| l.check_invariants()).is_err());
                 fail_open += n.surface().stats.fail_open.load(Ordering::Relaxed);
                 let s = &n.stats;
                 fast += s.fast_path_requests.load(Ordering::Relaxed);
+                bytes += s.bytes_out.load(Ordering::Relaxed) + s.bytes_in.load(Ordering::Relaxed);
                 msgs += s.reports_published.load(Ordering::Relaxed)
                     + s.grant_batches.load(Ordering::Relaxed)
                     + 2 * s.fast_path_requests.load(Ordering::Relaxed);
@@ -326,7 +353,9 @@ mod bench {
                 "decision_latency_us_p999": percentile_us(&mut run.decision_ns, 0.999),
                 "fast_path_latency_us_p99": percentile_us(&mut run.fast_path_ns, 0.99),
                 "bus_msgs_per_s": round4(msgs as f64 / elapsed),
-                "bus_bytes_per_s": serde_json::Value::Null,
+                // Envelope payload bytes seen by the nodes, both directions.
+                "bus_bytes_per_s": round4(bytes as f64 / elapsed),
+                "degraded_nodes_max": degraded_max,
                 "owner_changes": changes.load(Ordering::Relaxed),
             });
             println!("{report}");

@@ -33,7 +33,13 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let client = async_nats::connect(&args.nats)
+    // Reconnect within a round or two of the bus coming back (the default backoff took
+    // seconds): every 10 ms for ~5 s, then every second.
+    let client = async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|attempt| {
+            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
+        })
+        .connect(&args.nats)
         .await
         .with_context(|| format!("connecting to {}", args.nats))?;
     let start = Instant::now();
