@@ -92,26 +92,11 @@ pub async fn run_fold_worker(
         streams.push(fast.map(Inbound::FastPath).boxed());
     }
     let mut inbound = futures::stream::select_all(streams);
-    let mut every = tokio::time::interval(Duration::from_millis(u64::from(round_ms)));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut every = interval(Duration::from_millis(u64::from(round_ms)));
     loop {
         tokio::select! {
             _ = shutdown.changed() => return Ok(()),
-            _ = every.tick() => {
-                let now = clock();
-                let mut out = Vec::new();
-                for owner in owners.values_mut() {
-                    owner.handle_tick(now);
-                    if owner.check_invariants().is_err() {
-                        // The owner has halted itself; it grants nothing from here on.
-                        stats.invariant_breaches.fetch_add(1, Ordering::Relaxed);
-                    }
-                    out.extend(std::iter::from_fn(|| owner.poll_grant()));
-                }
-                for g in out {
-                    publish_grant(&client, &stats, subjects::grant_inbox(g.node.0), &g).await;
-                }
-            }
+            _ = every.tick() => tick_round(&client, &stats, &mut owners, clock()).await,
             m = inbound.next() => {
                 let Some(m) = m else { return Ok(()) };
                 handle(&client, &stats, &mut owners, &clock, m).await;
@@ -137,17 +122,53 @@ async fn publish_grant(
 /// Whatever holds this worker's owners, by shard.
 trait Owners {
     fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner>;
+    fn each(&mut self) -> impl Iterator<Item = &mut FoldOwner>;
 }
 
 impl Owners for BTreeMap<u32, FoldOwner> {
     fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner> {
         self.get_mut(&shard)
     }
+    fn each(&mut self) -> impl Iterator<Item = &mut FoldOwner> {
+        self.values_mut()
+    }
 }
 
 impl Owners for BTreeMap<u32, Held> {
     fn owner(&mut self, shard: u32) -> Option<&mut FoldOwner> {
         self.get_mut(&shard).map(|h| &mut h.owner)
+    }
+    fn each(&mut self) -> impl Iterator<Item = &mut FoldOwner> {
+        self.values_mut().map(|h| &mut h.owner)
+    }
+}
+
+/// A timer that, when the task falls behind, waits a full period instead of firing a burst.
+fn interval(period: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval(period);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+/// One round for every owner: tick (reaping, the hot lane), check, and send what it queued
+/// to each node's inbox. An owner that finds its invariant broken has halted itself and
+/// grants nothing from here on; the breach is counted.
+async fn tick_round(
+    client: &async_nats::Client,
+    stats: &FoldWorkerStats,
+    owners: &mut impl Owners,
+    now: Now,
+) {
+    let mut out = Vec::new();
+    for owner in owners.each() {
+        owner.handle_tick(now);
+        if owner.check_invariants().is_err() {
+            stats.invariant_breaches.fetch_add(1, Ordering::Relaxed);
+        }
+        out.extend(std::iter::from_fn(|| owner.poll_grant()));
+    }
+    for g in out {
+        publish_grant(client, stats, subjects::grant_inbox(g.node.0), &g).await;
     }
 }
 
@@ -294,10 +315,8 @@ pub async fn run_elected_worker(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Inbound>(16_384);
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
     let round_ms = config_for(0).round_ms;
-    let mut rounds = tokio::time::interval(Duration::from_millis(u64::from(round_ms)));
-    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leases = tokio::time::interval(lease.renew_every);
-    leases.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds = interval(Duration::from_millis(u64::from(round_ms)));
+    let mut leases = interval(lease.renew_every);
     loop {
         tokio::select! {
             _ = shutdown.changed() => {
@@ -355,20 +374,7 @@ pub async fn run_elected_worker(
                 held.retain(|_, h| now.duration_since(h.renewed) < lease.ttl / 2);
                 stats.leases_lost.fetch_add((before - held.len()) as u64, Ordering::Relaxed);
             }
-            _ = rounds.tick() => {
-                let now = clock();
-                let mut out = Vec::new();
-                for h in held.values_mut() {
-                    h.owner.handle_tick(now);
-                    if h.owner.check_invariants().is_err() {
-                        stats.invariant_breaches.fetch_add(1, Ordering::Relaxed);
-                    }
-                    out.extend(std::iter::from_fn(|| h.owner.poll_grant()));
-                }
-                for g in out {
-                    publish_grant(&client, &stats, subjects::grant_inbox(g.node.0), &g).await;
-                }
-            }
+            _ = rounds.tick() => tick_round(&client, &stats, &mut held, clock()).await,
             m = rx.recv() => {
                 let Some(m) = m else { return Ok(()) };
                 handle(&client, &stats, &mut held, &clock, m).await;

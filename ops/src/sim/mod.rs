@@ -796,7 +796,7 @@ impl Sim {
         let now = self.node_now(i, t_ms);
         if self.cfg.mode == SimMode::GlobalSync {
             let nodes = self.cfg.nodes;
-            let keys = self.keys.clone();
+            let keys = &self.keys;
             let hits = self.nodes[i].gs.flush(|k| {
                 KeyWindow {
                     key: keys[k as usize],
@@ -814,7 +814,7 @@ impl Sim {
                     .send(t_ms * 1_000, Target::Owner(shard), Payload::GsHits(h));
             }
             if t_ms.is_multiple_of(1_000) {
-                self.nodes[i].gs.reap(|kw| gs_ended(&keys, kw, now.wall_ms));
+                self.nodes[i].gs.reap(|kw| gs_ended(keys, kw, now.wall_ms));
             }
             return;
         }
