@@ -460,7 +460,14 @@ impl FoldOwner {
         let line = *ledger.lines.get(&(node, epoch))?;
         let mut want = want_of(&line);
         if fast {
-            want = want.max(1);
+            // A node that ran dry asks once a round; what it reported as demand may be
+            // stale or, for a key first seen this round, nothing. One round of the
+            // window's average pace, split across the fleet, is the least that keeps a
+            // cold key's first burst from costing a 429 per request until the next round.
+            let pace = (u128::from(ledger.allowance) * u128::from(config.round_ms))
+                .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
+                as u64;
+            want = want.max(pace).max(1);
         }
         if want == 0 {
             return None;

@@ -36,6 +36,24 @@ fn limiter_shards(limiter: &Mutex<NodeLimiter>) -> usize {
     lock(limiter).config().shards as usize
 }
 
+/// Calls `f` once a round until `shutdown` turns true. A late tick is delayed rather than
+/// bunched: two rounds' work back to back would report the same state twice.
+pub(crate) async fn each_round(
+    round: Duration,
+    mut shutdown: watch::Receiver<bool>,
+    mut f: impl FnMut(),
+) {
+    let mut every = tokio::time::interval(round);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        f();
+    }
+}
+
 /// Where the runtime reads time. Production passes the system clocks; tests may share one.
 pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
 
@@ -194,40 +212,28 @@ impl NodeBus {
             })
         };
         let tick_task = {
-            let (limiter, stats, clock, mut shutdown) = (
-                Arc::clone(&limiter),
-                Arc::clone(&stats),
-                Arc::clone(&clock),
-                shutdown,
-            );
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(round);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = every.tick() => {}
-                        _ = shutdown.changed() => return,
-                    }
-                    let out: Vec<Transmit> = {
-                        let mut l = lock(&limiter);
-                        l.handle_tick(clock());
-                        std::iter::from_fn(|| l.poll_transmit()).collect()
-                    };
-                    for t in out {
-                        let Transmit::Report(r) = t else { continue };
-                        let bytes = r.encode();
-                        stats
-                            .bytes_out
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        if reports_tx
-                            .try_send((subjects::report(r.shard.0), bytes))
-                            .is_err()
-                        {
-                            stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
-                        }
+            let (limiter, stats, clock) =
+                (Arc::clone(&limiter), Arc::clone(&stats), Arc::clone(&clock));
+            tokio::spawn(each_round(round, shutdown, move || {
+                let out: Vec<Transmit> = {
+                    let mut l = lock(&limiter);
+                    l.handle_tick(clock());
+                    std::iter::from_fn(|| l.poll_transmit()).collect()
+                };
+                for t in out {
+                    let Transmit::Report(r) = t else { continue };
+                    let bytes = r.encode();
+                    stats
+                        .bytes_out
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    if reports_tx
+                        .try_send((subjects::report(r.shard.0), bytes))
+                        .is_err()
+                    {
+                        stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-            })
+            }))
         };
 
         Ok(Self {

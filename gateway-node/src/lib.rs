@@ -15,12 +15,18 @@
 //! * [`bus`] — the runtime that drives the reconciler over real NATS: a tick task that
 //!   publishes reports, a task that applies grants, and the 1 ms fast path (issue 4).
 //!
+//! * [`embedded`] — the same reconciler with its fold owners in-process: the single-node
+//!   default when no NATS URL is configured (issue 5).
+//! * [`http`] — the gateway around it all: `foldgate-node` and `foldgate-edge` (issue 5).
+//!
 //! Supporting modules: [`credit`] (the packed credit word), [`window`] (window ids from
 //! wall time with the per-key phase, D3), [`policy`] (plans and overrides in a form the
 //! request path can read without allocating), [`retry`] (the 429 timing, D6).
 
 pub mod bus;
 pub mod credit;
+pub mod embedded;
+pub mod http;
 pub mod limiter;
 pub mod policy;
 pub mod retry;

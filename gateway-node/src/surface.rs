@@ -268,22 +268,29 @@ impl BuildHasher for KeyIdHasherBuilder {
 
 /// D8's per-key backstop floor for fail-open admissions: a fixed table of per-second
 /// counters indexed by key hash. Collisions make it stricter, never looser, which is the
-/// right side for a deliberately coarse bound. Allocated once, at construction.
-struct Backstop {
+/// right side for a deliberately coarse bound. Allocated once, at construction. The edge
+/// guard (`http::edge`) keeps its per-key floor in one too.
+pub(crate) struct Backstop {
     slots: Box<[AtomicU64]>,
 }
 
 const BACKSTOP_SLOTS: usize = 1 << 16;
 
 impl Backstop {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             slots: (0..BACKSTOP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
     fn try_admit(&self, key: KeyId, wall_ms: u64, floor_per_s: u64) -> bool {
-        let slot = &self.slots[(key.hash64() as usize) & (BACKSTOP_SLOTS - 1)];
+        self.try_admit_hash(key.hash64(), wall_ms, floor_per_s)
+    }
+
+    /// One admission for whatever hashes to `hash` in the second `wall_ms` falls in, if
+    /// fewer than `floor_per_s` were admitted in it.
+    pub(crate) fn try_admit_hash(&self, hash: u64, wall_ms: u64, floor_per_s: u64) -> bool {
+        let slot = &self.slots[(hash as usize) & (BACKSTOP_SLOTS - 1)];
         let second = (wall_ms / 1_000) & ((1 << 24) - 1);
         let mut cur = slot.load(Ordering::Acquire);
         loop {

@@ -125,6 +125,42 @@ pub async fn connect(url: &str) -> async_nats::Client {
         .expect("connect to nats-server")
 }
 
+/// The policy key-value bucket (P1) on the server at `url`, created if absent.
+pub async fn policy_bucket(url: &str) -> async_nats::jetstream::kv::Store {
+    async_nats::jetstream::new(connect(url).await)
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: bus_schemas::subjects::POLICY_BUCKET.into(),
+            history: 5,
+            ..Default::default()
+        })
+        .await
+        .expect("policy bucket")
+}
+
+/// A policy snapshot of one plan, `windows`, that every key in `keys` is on.
+pub fn one_plan_snapshot(
+    version: u64,
+    windows: &[WindowSpec],
+    keys: impl IntoIterator<Item = bus_schemas::KeyId>,
+) -> bus_schemas::PolicySnapshot {
+    bus_schemas::PolicySnapshot {
+        version,
+        plans: vec![bus_schemas::Plan {
+            id: 1,
+            name: "standard".into(),
+            windows: windows.to_vec(),
+        }],
+        keys: keys
+            .into_iter()
+            .map(|key| bus_schemas::KeyAssignment {
+                key,
+                plan_id: 1,
+                override_windows: Vec::new(),
+            })
+            .collect(),
+    }
+}
+
 /// The system clocks, as a runtime hands them to the state machines.
 pub fn system_clock() -> Clock {
     let start = Instant::now();

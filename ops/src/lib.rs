@@ -9,5 +9,10 @@
 //!
 //! The binary (`src/main.rs`) is only argument parsing and printing.
 
+//! * `http_tools`: the gateway's HTTP tooling: a tiny upstream (`foldgate upstream`), the
+//!   open-loop load generator (`foldgate bench http`), seeded bench keys and the README
+//!   demo (`foldgate demo`).
+//!
 pub mod fleet;
+pub mod http_tools;
 pub mod sim;

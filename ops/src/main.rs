@@ -20,9 +20,83 @@ enum Command {
     /// Simulate a fleet (node limiters, fold owners, bus) on a virtual clock and measure
     /// over- and under-admission against an exact oracle.
     Sim(SimArgs),
-    /// Measure on a real bus.
+    /// Measure on a real bus, or a gateway over HTTP.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Start an upstream and a gateway node with its embedded defaults (no NATS), and
+    /// earn a 429.
+    Demo(DemoArgs),
+    /// A tiny upstream API for local runs: `200 ok` to everything.
+    Upstream(UpstreamArgs),
+    /// Print a node config `[policy]` table for seeded bench keys (ids only, never keys).
+    BenchPolicy(BenchPolicyArgs),
+    /// Print one seeded bench key, for an external load generator's command line.
+    BenchKey {
+        #[arg(long, default_value_t = 1)]
+        key_seed: u64,
+        #[arg(long, default_value_t = 0)]
+        index: u64,
+    },
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    #[arg(long = "limit-1s", default_value_t = 5)]
+    limit_1s: u64,
+    #[arg(long = "limit-60s", default_value_t = 100)]
+    limit_60s: u64,
+    /// Print the steps as one JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct UpstreamArgs {
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: std::net::SocketAddr,
+    /// Answer each request after this long, ms.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+}
+
+#[derive(clap::Args)]
+struct BenchPolicyArgs {
+    /// File holding the node's hash key (hex).
+    #[arg(long)]
+    hash_key_file: std::path::PathBuf,
+    #[arg(long, default_value_t = 1)]
+    hash_key_version: u8,
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    #[arg(long, default_value_t = 1)]
+    key_seed: u64,
+    #[arg(long = "limit-1s", default_value_t = 1_000_000)]
+    limit_1s: u64,
+    #[arg(long = "limit-60s", default_value_t = 60_000_000)]
+    limit_60s: u64,
+}
+
+#[derive(clap::Args)]
+struct HttpArgs {
+    /// Base URL: `http://127.0.0.1:8080`.
+    #[arg(long)]
+    target: String,
+    /// Requests per second, open loop.
+    #[arg(long, default_value_t = 2_778)]
+    rate: u64,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Bench keys (see `bench-policy`), used round-robin.
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    #[arg(long, default_value_t = 1)]
+    key_seed: u64,
+    #[arg(long, default_value = "/")]
+    path: String,
+    #[arg(long, default_value_t = 1_024)]
+    max_in_flight: usize,
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
 }
 
 #[derive(Subcommand)]
@@ -30,6 +104,8 @@ enum BenchCommand {
     /// N node runtimes (in this process) and M `foldgate-fold` worker processes on a real
     /// nats-server, pinned traffic in real time, accuracy against the exact oracle.
     Fleet(FleetArgs),
+    /// Open-loop HTTP load at a constant arrival rate; latency from the intended send time.
+    Http(HttpArgs),
 }
 
 #[derive(clap::Args)]
@@ -144,6 +220,14 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Sim(args) => run_sim(args),
         Command::Bench(BenchCommand::Fleet(args)) => bench::fleet(args),
+        Command::Bench(BenchCommand::Http(args)) => http_cmd::bench(args),
+        Command::Demo(args) => http_cmd::demo(args),
+        Command::Upstream(args) => http_cmd::upstream(args),
+        Command::BenchPolicy(args) => http_cmd::bench_policy(args),
+        Command::BenchKey { key_seed, index } => {
+            println!("{}", ops::http_tools::bench_key(key_seed, index));
+            Ok(())
+        }
     }
 }
 
@@ -433,4 +517,97 @@ fn run_sim(a: SimArgs) -> Result<()> {
         bail!("{} invariant violation(s)", report.invariant_violations);
     }
     Ok(())
+}
+
+mod http_cmd {
+    use super::*;
+    use ops::http_tools::{self, LoadPlan};
+
+    fn runtime() -> Result<tokio::runtime::Runtime> {
+        Ok(tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?)
+    }
+
+    pub fn bench(a: HttpArgs) -> Result<()> {
+        let plan = LoadPlan {
+            target: a.target.trim_end_matches('/').to_string(),
+            rate: a.rate,
+            seconds: a.seconds,
+            keys: a.keys,
+            key_seed: a.key_seed,
+            path: a.path,
+            max_in_flight: a.max_in_flight,
+            timeout: std::time::Duration::from_millis(a.timeout_ms),
+        };
+        if plan.rate == 0 || plan.rate as f64 * plan.seconds > 10_000_000.0 {
+            bail!("--rate x --seconds must be 1..=10,000,000 requests");
+        }
+        let report = runtime()?.block_on(http_tools::run_load(&plan));
+        println!("{}", serde_json::to_string(&report)?);
+        Ok(())
+    }
+
+    pub fn demo(a: DemoArgs) -> Result<()> {
+        let json = a.json;
+        if !json {
+            println!(
+                "Gateway with embedded defaults (in-process bus and fold owner, no NATS); \
+                 one key, plan {} per 1 s and {} per 60 s.",
+                a.limit_1s, a.limit_60s
+            );
+        }
+        let steps = runtime()?.block_on(http_tools::run_demo(a.limit_1s, a.limit_60s, |s| {
+            if json {
+                return;
+            }
+            match s.status {
+                429 => println!(
+                    "request {:>2}: 429  Retry-After: {}  X-RateLimit-Reset-Ms: {}  X-Request-Id: {}\n            body: {}\n            (waiting the time it named)",
+                    s.request,
+                    s.retry_after.as_deref().unwrap_or("-"),
+                    s.reset_ms.as_deref().unwrap_or("-"),
+                    s.correlation_id.as_deref().unwrap_or("-"),
+                    s.body.as_deref().unwrap_or("")
+                ),
+                st => println!("request {:>2}: {st}", s.request),
+            }
+        }))?;
+        if json {
+            println!("{}", serde_json::to_string(&steps)?);
+        }
+        Ok(())
+    }
+
+    pub fn upstream(a: UpstreamArgs) -> Result<()> {
+        runtime()?.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(a.listen)
+                .await
+                .with_context(|| format!("binding {}", a.listen))?;
+            eprintln!("foldgate upstream on {}", listener.local_addr()?);
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                let _ = tokio::signal::ctrl_c().await;
+                let _ = stop_tx.send(true);
+            });
+            http_tools::run_upstream(listener, a.delay_ms, stop).await;
+            Ok(())
+        })
+    }
+
+    pub fn bench_policy(a: BenchPolicyArgs) -> Result<()> {
+        let hex = std::fs::read_to_string(&a.hash_key_file)
+            .with_context(|| format!("reading {}", a.hash_key_file.display()))?;
+        let hasher = gateway_node::http::auth::KeyHasher::from_hex(a.hash_key_version, &hex)?;
+        print!(
+            "{}",
+            http_tools::bench_policy_toml(
+                &hasher,
+                a.key_seed,
+                a.keys,
+                &[(1_000, a.limit_1s), (60_000, a.limit_60s)]
+            )
+        );
+        Ok(())
+    }
 }

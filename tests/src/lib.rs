@@ -1,6 +1,7 @@
 //! Cross-crate test support: a tiny fleet of node limiters and a fold owner wired through
 //! an in-memory, fault-injecting message queue. The property tests in `tests/` drive it.
 
+pub mod http;
 pub mod nats;
 pub mod tls;
 

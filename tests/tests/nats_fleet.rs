@@ -363,7 +363,7 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
 /// a bad or stale version whole, and switches its buckets when a new version lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_version_put_in_key_value_is_switched_to_atomically() {
-    use bus_schemas::{Envelope, KeyAssignment, Plan, PolicySnapshot, subjects};
+    use bus_schemas::{Envelope, subjects};
     use gateway_node::bus::POLICY_KEY;
     use gateway_node::window::window_at;
 
@@ -371,40 +371,23 @@ async fn a_policy_version_put_in_key_value_is_switched_to_atomically() {
     let url = server.url();
     let clock = clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let js = async_nats::jetstream::new(foldgate_tests::nats::connect(&url).await);
-    let kv = js
-        .create_key_value(async_nats::jetstream::kv::Config {
-            bucket: subjects::POLICY_BUCKET.into(),
-            history: 5,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let kv = foldgate_tests::nats::policy_bucket(&url).await;
     let key = KeyId {
         version: 1,
         digest: 0xabcd_u128 << 64 | 3,
     };
-    let snapshot = |version: u64, per_second: u64| PolicySnapshot {
-        version,
-        plans: vec![Plan {
-            id: 1,
-            name: "standard".into(),
-            windows: vec![
-                WindowSpec {
-                    length_ms: 1_000,
-                    limit: per_second,
-                },
-                WindowSpec {
-                    length_ms: 60_000,
-                    limit: 1_500,
-                },
-            ],
-        }],
-        keys: vec![KeyAssignment {
-            key,
-            plan_id: 1,
-            override_windows: Vec::new(),
-        }],
+    let snapshot = |version: u64, per_second: u64| {
+        let windows = [
+            WindowSpec {
+                length_ms: 1_000,
+                limit: per_second,
+            },
+            WindowSpec {
+                length_ms: 60_000,
+                limit: 1_500,
+            },
+        ];
+        foldgate_tests::nats::one_plan_snapshot(version, &windows, [key])
     };
     kv.put(POLICY_KEY, snapshot(1, 40).encode().into())
         .await

@@ -78,7 +78,16 @@ async fn gateways_cannot_forge_grants_and_strangers_cannot_connect() {
         .expect("fold worker connects");
     let mut grants = fold.subscribe(subjects::grant_inbox(0)).await.unwrap();
     let mut reports = fold.subscribe(subjects::report(0)).await.unwrap();
-    fold.flush().await.unwrap();
+    // Barrier: once the fold worker hears its own message, the server has both of its
+    // subscriptions (a flush only means the bytes left; stack-facts pitfall 5).
+    fold.publish(subjects::grant_inbox(0), b"barrier".to_vec().into())
+        .await
+        .unwrap();
+    let barrier = tokio::time::timeout(Duration::from_secs(5), grants.next())
+        .await
+        .expect("the barrier arrives")
+        .unwrap();
+    assert_eq!(&barrier.payload[..], b"barrier");
 
     let forged = GrantBatch {
         owner_epoch: OwnerEpoch(u64::MAX),

@@ -1,0 +1,167 @@
+//! The embedded in-process bus: one node and its fold owners in one process, for a
+//! single-node gateway run without NATS (the documented default of `foldgate-node`, issue
+//! 5) and nothing else. ADR-1 lets the owner be a role on the gateway; here it is the only
+//! role, so messages pass as domain values, and the same state machines that run on NATS
+//! run here unchanged.
+//!
+//! One mutex holds the node limiter and every owner, because a round moves messages
+//! between them in both directions; it is held for state-machine calls only, never across
+//! an await, and the decision surface beside it never takes it (D4).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bus_schemas::{KeyId, Now, OwnerEpoch, ShardId};
+use fold_workers::{FoldOwner, OwnerConfig, OwnerMode};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::bus::Clock;
+use crate::limiter::{Mode, NodeLimiter, Transmit};
+use crate::policy::{KeyPolicy, PolicyIndex};
+use crate::surface::{Decision, DecisionSurface, FastPathNeed};
+
+struct Books {
+    node: NodeLimiter,
+    owners: Vec<FoldOwner>,
+}
+
+impl Books {
+    /// Hands every queued report to its owner and every queued grant back to the node,
+    /// until both sides are quiet (a grant never causes a report, so this ends).
+    fn exchange(&mut self, now: Now) {
+        while let Some(t) = self.node.poll_transmit() {
+            match t {
+                Transmit::Report(r) => {
+                    if let Some(o) = self.owners.get_mut(r.shard.0 as usize) {
+                        o.handle_report_batch(now, &r);
+                    }
+                }
+                Transmit::FastPath(f) => {
+                    if let Some(o) = self.owners.get_mut(f.shard.0 as usize) {
+                        let reply = o.handle_fast_path_request(now, &f);
+                        self.node.handle_fast_path_reply(now, &reply);
+                    }
+                }
+            }
+        }
+        for o in &mut self.owners {
+            // An owner that finds its books broken halts itself and grants nothing more.
+            let _ = o.check_invariants();
+            while let Some(g) = o.poll_grant() {
+                self.node.handle_grant_batch(now, &g);
+            }
+        }
+    }
+}
+
+pub struct EmbeddedBus {
+    books: Arc<Mutex<Books>>,
+    surface: Arc<DecisionSurface>,
+    clock: Clock,
+    policy: watch::Sender<Arc<PolicyIndex>>,
+    tick: JoinHandle<()>,
+}
+
+fn lock(books: &Mutex<Books>) -> MutexGuard<'_, Books> {
+    // As in `bus`: a panic mid-call leaves the best books there are.
+    books.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EmbeddedBus {
+    /// Starts the round task on the current tokio runtime. The owners' fleet is the node's
+    /// fleet (1 for a single gateway) and there is one owner per shard.
+    pub fn start(node: NodeLimiter, clock: Clock, shutdown: watch::Receiver<bool>) -> Self {
+        let config = node.config().clone();
+        let now = clock();
+        let owners = (0..config.shards)
+            .map(|s| {
+                let oc = OwnerConfig {
+                    shards: config.shards,
+                    fleet_size: config.fleet_size,
+                    round_ms: config.round_ms,
+                    reserve_permille: config.reserve_permille,
+                    mode: match config.mode {
+                        Mode::Leasing => OwnerMode::Leasing,
+                        Mode::Fixed => OwnerMode::Fixed,
+                    },
+                    ..OwnerConfig::reference(ShardId(s))
+                };
+                FoldOwner::new(oc, OwnerEpoch(1), now, false)
+            })
+            .collect();
+        let surface = Arc::clone(node.surface());
+        let books = Arc::new(Mutex::new(Books { node, owners }));
+        let round = Duration::from_millis(u64::from(config.round_ms));
+        let tick = {
+            let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
+            tokio::spawn(crate::bus::each_round(round, shutdown, move || {
+                let now = clock();
+                let mut b = lock(&books);
+                b.node.handle_tick(now);
+                b.exchange(now);
+                for o in &mut b.owners {
+                    o.handle_tick(now);
+                }
+                b.exchange(now);
+            }))
+        };
+        Self {
+            books,
+            surface,
+            clock,
+            policy: watch::channel(Arc::new(PolicyIndex::default())).0,
+            tick,
+        }
+    }
+
+    /// P1 for a single process: apply a validated policy to the node's buckets and publish
+    /// it to whoever resolves keys. An index no newer than the one in force is refused.
+    pub fn set_policy(&self, index: PolicyIndex) -> bool {
+        if index.version <= self.policy.borrow().version {
+            return false;
+        }
+        lock(&self.books)
+            .node
+            .handle_policy((self.clock)(), index.version, |k| index.get(k).copied());
+        self.policy.send_replace(Arc::new(index));
+        true
+    }
+
+    pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
+        self.policy.subscribe()
+    }
+
+    pub fn surface(&self) -> &Arc<DecisionSurface> {
+        &self.surface
+    }
+
+    pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
+        f(&mut lock(&self.books).node)
+    }
+
+    /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
+    /// fast path is a function call and never misses its deadline.
+    pub fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
+        match self.surface.decide(key, now.wall_ms, policy) {
+            Decision::FastPath(need) => self.fast_path(now, need, policy),
+            d => d,
+        }
+    }
+
+    fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
+        {
+            let mut b = lock(&self.books);
+            b.node.handle_fast_path_need(now, need);
+            b.exchange(now);
+        }
+        self.surface
+            .decide_after_fast_path(need.key, now.wall_ms, policy, false)
+    }
+}
+
+impl Drop for EmbeddedBus {
+    fn drop(&mut self) {
+        self.tick.abort();
+    }
+}

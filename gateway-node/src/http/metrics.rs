@@ -1,0 +1,224 @@
+//! Prometheus metrics for the gateway (O2: RED on the limiter path), as plain atomics
+//! rendered in the text exposition format on demand. A registry with label maps would put
+//! a lookup on every request; these are fixed counters, so a request only increments.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Bucket upper bounds of the latency histograms, in nanoseconds: the decision is
+/// expected in the first few; the rest catch fast paths and stalls.
+const BOUNDS_NS: [u64; 14] = [
+    250,
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    1_000_000,
+    2_500_000,
+    10_000_000,
+    100_000_000,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BOUNDS_NS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        if let Some(i) = BOUNDS_NS.iter().position(|&b| ns <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (b, n) in BOUNDS_NS.iter().zip(&self.buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{}\"}} {cumulative}",
+                *b as f64 / 1e9
+            );
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}\n{name}_count {count}",
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+    }
+}
+
+/// What happened to a request, one counter each (`foldgate_requests_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted and proxied (whatever the upstream answered).
+    Proxied,
+    /// 429 from the limiter (or the edge's caps).
+    Limited,
+    /// 401: missing, malformed or unknown key (D1).
+    Unauthorized,
+    /// 502: the upstream could not be reached or broke the exchange.
+    UpstreamError,
+    /// 504: the upstream did not answer within `upstream_timeout_ms`.
+    UpstreamTimeout,
+}
+
+const OUTCOMES: [(Outcome, &str); 5] = [
+    (Outcome::Proxied, "proxied"),
+    (Outcome::Limited, "limited"),
+    (Outcome::Unauthorized, "unauthorized"),
+    (Outcome::UpstreamError, "upstream_error"),
+    (Outcome::UpstreamTimeout, "upstream_timeout"),
+];
+
+/// The limiter's verdicts (`foldgate_decisions_total{outcome}`), counted by the gateway so
+/// the surface's common path stays free of shared counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    FailOpen,
+    Exhausted,
+    FastPathDeadline,
+    Backstop,
+}
+
+const VERDICTS: [(Verdict, &str); 5] = [
+    (Verdict::Admit, "admit"),
+    (Verdict::FailOpen, "fail_open"),
+    (Verdict::Exhausted, "deny_exhausted"),
+    (Verdict::FastPathDeadline, "deny_fast_path_deadline"),
+    (Verdict::Backstop, "deny_backstop"),
+];
+
+#[derive(Default)]
+pub struct GatewayMetrics {
+    outcomes: [AtomicU64; OUTCOMES.len()],
+    verdicts: [AtomicU64; VERDICTS.len()],
+    /// Time spent in the limiter per request (the decision, fast path included).
+    pub limiter_latency: Histogram,
+    /// Time from request head to response head, as the gateway saw it.
+    pub request_latency: Histogram,
+    /// Connections refused because `max_connections` were open.
+    pub connections_refused: AtomicU64,
+}
+
+impl GatewayMetrics {
+    pub fn outcome(&self, o: Outcome) {
+        let i = OUTCOMES.iter().position(|(x, _)| *x == o).unwrap_or(0);
+        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn verdict(&self, v: Verdict) {
+        let i = VERDICTS.iter().position(|(x, _)| *x == v).unwrap_or(0);
+        self.verdicts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn outcome_count(&self, o: Outcome) -> u64 {
+        let i = OUTCOMES.iter().position(|(x, _)| *x == o).unwrap_or(0);
+        self.outcomes[i].load(Ordering::Relaxed)
+    }
+
+    /// The gateway's own series; the caller appends the limiter's and the bus's gauges.
+    pub fn render(&self, out: &mut String, prefix: &str) {
+        let name = format!("{prefix}_requests_total");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests by what the gateway did with them.\n# TYPE {name} counter"
+        );
+        for ((_, label), n) in OUTCOMES.iter().zip(&self.outcomes) {
+            let _ = writeln!(
+                out,
+                "{name}{{outcome=\"{label}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let name = format!("{prefix}_decisions_total");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Limiter verdicts.\n# TYPE {name} counter"
+        );
+        for ((_, label), n) in VERDICTS.iter().zip(&self.verdicts) {
+            let _ = writeln!(
+                out,
+                "{name}{{outcome=\"{label}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        self.limiter_latency.render(
+            out,
+            &format!("{prefix}_limiter_added_latency_seconds"),
+            "Time a request spent in the limiter.",
+        );
+        self.request_latency.render(
+            out,
+            &format!("{prefix}_request_duration_seconds"),
+            "Request head to response head.",
+        );
+        counter(
+            out,
+            &format!("{prefix}_connections_refused_total"),
+            "Connections closed at accept because max_connections were open.",
+            self.connections_refused.load(Ordering::Relaxed),
+        );
+    }
+}
+
+pub fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+pub fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_cumulative_buckets_and_counters() {
+        let m = GatewayMetrics::default();
+        m.limiter_latency.observe(Duration::from_nanos(300));
+        m.limiter_latency.observe(Duration::from_micros(3));
+        m.limiter_latency.observe(Duration::from_secs(1));
+        m.outcome(Outcome::Limited);
+        m.verdict(Verdict::Exhausted);
+        let mut out = String::new();
+        m.render(&mut out, "fg");
+        assert!(
+            out.contains("fg_requests_total{outcome=\"limited\"} 1"),
+            "{out}"
+        );
+        assert!(out.contains("fg_decisions_total{outcome=\"deny_exhausted\"} 1"));
+        assert!(out.contains("fg_limiter_added_latency_seconds_bucket{le=\"0.00000025\"} 0"));
+        assert!(out.contains("fg_limiter_added_latency_seconds_bucket{le=\"0.0000005\"} 1"));
+        assert!(out.contains("fg_limiter_added_latency_seconds_bucket{le=\"0.000005\"} 2"));
+        assert!(out.contains("fg_limiter_added_latency_seconds_bucket{le=\"+Inf\"} 3"));
+        assert!(out.contains("fg_limiter_added_latency_seconds_count 3"));
+    }
+}

@@ -1,0 +1,665 @@
+//! `foldgate-node`: authenticate (D1, D2), decide (D4-D6), proxy. The limiter runs on the
+//! embedded in-process bus when no NATS URL is configured (the single-node default) and on
+//! NATS otherwise (issue 4's runtime, unchanged).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bus_schemas::{
+    KeyAssignment, NodeEpoch, NodeId, Now, Plan, PolicySnapshot, WindowSpec, subjects,
+};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::auth::{AuthError, CorrelationIds, KeyHasher, KeyIdText, extract_key, parse_key_id};
+use super::contract::{self, Body};
+use super::metrics::{self, GatewayMetrics, Outcome, Verdict};
+use super::proxy::Upstream;
+use super::proxy::UpstreamSettings;
+use super::server::{Gateway, ServerSettings};
+use crate::bus::{Clock, NodeBus};
+use crate::embedded::EmbeddedBus;
+use crate::limiter::{Mode, NodeConfig, NodeLimiter};
+use crate::policy::{PolicyError, PolicyIndex};
+use crate::surface::{Decision, DecisionSurface, SurfaceConfig};
+
+/// Every knob of `foldgate-node`, with its unit in its name. `foldgate-node.example.toml`
+/// documents each one, and a test keeps the two in step.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSettings {
+    pub limiter_enabled: bool,
+    pub node_id: u32,
+    pub fleet_size: u32,
+    pub shards: u32,
+    pub round_ms: u32,
+    pub mode: String,
+    pub bucket_cap: usize,
+    pub degraded_after_ms: u64,
+    pub backstop_multiple: u64,
+    pub hash_key_version: u8,
+    pub hash_key_file: Option<PathBuf>,
+    pub hash_key_hex: Option<String>,
+    pub nats_url: String,
+    pub nats_ca_file: Option<PathBuf>,
+    pub nats_cert_file: Option<PathBuf>,
+    pub nats_key_file: Option<PathBuf>,
+    pub log_format: String,
+    pub log_level: String,
+    pub server: ServerSettings,
+    pub upstream: UpstreamSettings,
+    pub policy: PolicySettings,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        let reference = NodeConfig::reference(NodeId(0));
+        let surface = SurfaceConfig::default();
+        Self {
+            limiter_enabled: true,
+            node_id: 0,
+            fleet_size: 1,
+            shards: 1,
+            round_ms: reference.round_ms,
+            mode: "leasing".into(),
+            bucket_cap: surface.bucket_cap,
+            degraded_after_ms: reference.degraded_after_ms,
+            backstop_multiple: surface.backstop_multiple,
+            hash_key_version: 1,
+            hash_key_file: None,
+            hash_key_hex: None,
+            nats_url: String::new(),
+            nats_ca_file: None,
+            nats_cert_file: None,
+            nats_key_file: None,
+            log_format: "json".into(),
+            log_level: "info".into(),
+            server: ServerSettings::default(),
+            upstream: UpstreamSettings::default(),
+            policy: PolicySettings::default(),
+        }
+    }
+}
+
+/// The policy of an embedded (no NATS) node: plans and keys by hashed id, never raw keys.
+/// On NATS the policy comes from the key-value bucket instead (P1), and this is ignored.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySettings {
+    pub version: u64,
+    pub plans: Vec<PlanSettings>,
+    pub keys: Vec<KeySettings>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSettings {
+    pub id: u32,
+    #[serde(default)]
+    pub name: String,
+    pub windows: Vec<WindowSettings>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowSettings {
+    pub length_ms: u32,
+    pub limit: u64,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySettings {
+    /// `v1:` and 32 hex digits, as `foldgate key-id` prints it.
+    pub key_id: String,
+    pub plan: u32,
+    /// Replaces the plan's windows for this key when present.
+    #[serde(default)]
+    pub windows: Vec<WindowSettings>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("`mode` must be \"leasing\" or \"fixed\", got {0:?}")]
+    Mode(String),
+    #[error("no hash key: set `hash_key_file` (a file holding 64+ hex digits) or `hash_key_hex`")]
+    NoHashKey,
+    #[error("`hash_key_file` {0}: {1}")]
+    HashKeyFile(PathBuf, std::io::Error),
+    #[error("hash key: {0}")]
+    HashKey(#[from] super::auth::HashKeyError),
+    #[error("`policy.keys[{0}].key_id` is not a key id (v<version>:<32 hex>)")]
+    KeyId(usize),
+    #[error("policy: {0}")]
+    Policy(#[from] PolicyError),
+    #[error("upstream: {0}")]
+    Upstream(#[from] super::proxy::UpstreamError),
+    #[error(
+        "`fleet_size`, `shards` and `round_ms` must be at least 1, and `node_id` below `fleet_size`"
+    )]
+    Fleet,
+}
+
+impl NodeSettings {
+    pub fn hasher(&self) -> Result<KeyHasher, SettingsError> {
+        let hex = match (&self.hash_key_hex, &self.hash_key_file) {
+            (Some(h), _) => h.clone(),
+            (None, Some(p)) => {
+                std::fs::read_to_string(p).map_err(|e| SettingsError::HashKeyFile(p.clone(), e))?
+            }
+            (None, None) => return Err(SettingsError::NoHashKey),
+        };
+        Ok(KeyHasher::from_hex(self.hash_key_version, &hex)?)
+    }
+
+    pub fn node_config(&self) -> Result<NodeConfig, SettingsError> {
+        let mode = match self.mode.as_str() {
+            "leasing" => Mode::Leasing,
+            "fixed" => Mode::Fixed,
+            other => return Err(SettingsError::Mode(other.into())),
+        };
+        if self.fleet_size == 0
+            || self.shards == 0
+            || self.round_ms == 0
+            || self.node_id >= self.fleet_size
+        {
+            return Err(SettingsError::Fleet);
+        }
+        Ok(NodeConfig {
+            fleet_size: self.fleet_size,
+            shards: self.shards,
+            round_ms: self.round_ms,
+            mode,
+            degraded_after_ms: self.degraded_after_ms,
+            ..NodeConfig::reference(NodeId(self.node_id))
+        })
+    }
+
+    pub fn surface_config(&self) -> SurfaceConfig {
+        SurfaceConfig {
+            bucket_cap: self.bucket_cap,
+            round_ms: self.round_ms,
+            backstop_multiple: self.backstop_multiple,
+            ..SurfaceConfig::default()
+        }
+    }
+}
+
+impl PolicySettings {
+    pub fn index(&self, round_ms: u32) -> Result<PolicyIndex, SettingsError> {
+        let windows = |ws: &[WindowSettings]| -> Vec<WindowSpec> {
+            ws.iter()
+                .map(|w| WindowSpec {
+                    length_ms: w.length_ms,
+                    limit: w.limit,
+                })
+                .collect()
+        };
+        let keys = self
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                Ok(KeyAssignment {
+                    key: parse_key_id(&k.key_id).ok_or(SettingsError::KeyId(i))?,
+                    plan_id: k.plan,
+                    override_windows: windows(&k.windows),
+                })
+            })
+            .collect::<Result<Vec<_>, SettingsError>>()?;
+        let snapshot = PolicySnapshot {
+            version: self.version,
+            plans: self
+                .plans
+                .iter()
+                .map(|p| Plan {
+                    id: p.id,
+                    name: p.name.clone(),
+                    windows: windows(&p.windows),
+                })
+                .collect(),
+            keys,
+        };
+        Ok(PolicyIndex::from_snapshot(&snapshot, round_ms)?)
+    }
+}
+
+/// The system clocks, as the runtime hands them to the state machines.
+pub fn system_clock() -> Clock {
+    let start = Instant::now();
+    Arc::new(move || Now {
+        wall_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    #[error("connecting to NATS: {0}")]
+    Connect(#[from] async_nats::ConnectError),
+    #[error(transparent)]
+    Bus(#[from] crate::bus::NodeBusError),
+    #[error(transparent)]
+    Policy(#[from] crate::bus::PolicyWatchError),
+}
+
+/// Where the limiter's rounds run.
+pub enum Runtime {
+    Embedded(EmbeddedBus),
+    Nats(NodeBus),
+}
+
+impl Runtime {
+    async fn decide_at(
+        &self,
+        key: bus_schemas::KeyId,
+        policy: &crate::KeyPolicy,
+        now: Now,
+    ) -> Decision {
+        match self {
+            Self::Embedded(e) => e.decide_at(key, policy, now),
+            Self::Nats(n) => n.decide_at(key, policy, now).await,
+        }
+    }
+
+    pub fn surface(&self) -> &Arc<DecisionSurface> {
+        match self {
+            Self::Embedded(e) => e.surface(),
+            Self::Nats(n) => n.surface(),
+        }
+    }
+
+    pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
+        match self {
+            Self::Embedded(e) => e.policy(),
+            Self::Nats(n) => n.policy(),
+        }
+    }
+
+    /// Starts the runtime the settings name: NATS if `nats_url` is set, else embedded.
+    pub async fn start(
+        settings: &NodeSettings,
+        clock: Clock,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Self, RuntimeError> {
+        let config = settings.node_config()?;
+        let surface = Arc::new(DecisionSurface::new(settings.surface_config()));
+        // C9: a new epoch at every start; wall milliseconds outgrow any earlier start's.
+        let now = clock();
+        let limiter = NodeLimiter::new(config, surface, NodeEpoch(now.wall_ms.max(1)), now);
+        if settings.nats_url.is_empty() {
+            let bus = EmbeddedBus::start(limiter, clock, shutdown);
+            let index = settings.policy.index(settings.round_ms)?;
+            bus.set_policy(index);
+            return Ok(Self::Embedded(bus));
+        }
+        let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(|attempt| {
+            // A gateway wants its bus back within a round or two (issue 4's finding).
+            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
+        });
+        if let Some(ca) = &settings.nats_ca_file {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        if let (Some(cert), Some(key)) = (&settings.nats_cert_file, &settings.nats_key_file) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        let client = options.connect(&settings.nats_url).await?;
+        let mut bus = NodeBus::start(client, limiter, clock, shutdown).await?;
+        bus.watch_policy(subjects::POLICY_BUCKET).await?;
+        Ok(Self::Nats(bus))
+    }
+}
+
+/// The node's request path and its parts.
+pub struct NodeGateway {
+    pub runtime: Runtime,
+    pub metrics: GatewayMetrics,
+    hasher: KeyHasher,
+    ids: CorrelationIds,
+    upstream: Upstream,
+    policy: watch::Receiver<Arc<PolicyIndex>>,
+    clock: Clock,
+    limiter_enabled: bool,
+}
+
+const KEY_ID_HEADER: &str = "x-foldgate-key-id";
+
+impl NodeGateway {
+    pub fn new(
+        settings: &NodeSettings,
+        runtime: Runtime,
+        clock: Clock,
+    ) -> Result<Self, SettingsError> {
+        Ok(Self {
+            policy: runtime.policy(),
+            runtime,
+            metrics: GatewayMetrics::default(),
+            hasher: settings.hasher()?,
+            ids: CorrelationIds::default(),
+            upstream: settings.upstream.build()?,
+            clock,
+            limiter_enabled: settings.limiter_enabled,
+        })
+    }
+
+    async fn admit_and_forward(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        cid: &str,
+    ) -> Response<Body> {
+        // D1: authenticate first; nothing unauthenticated reaches the limiter.
+        let key = match extract_key(req.headers()) {
+            Ok(raw) => self.hasher.key_id(raw),
+            Err(e) => return self.unauthorized(e, cid),
+        };
+        let policy = self.policy.borrow().get(&key).copied();
+        let Some(policy) = policy else {
+            return self.unauthorized(AuthError::Unknown, cid);
+        };
+        let key_text = KeyIdText(key).to_string();
+        let surface = self.runtime.surface();
+        if self.limiter_enabled {
+            let t = Instant::now();
+            let decision = self.runtime.decide_at(key, &policy, (self.clock)()).await;
+            self.metrics.limiter_latency.observe(t.elapsed());
+            match decision {
+                Decision::Admit => self.metrics.verdict(Verdict::Admit),
+                Decision::FailOpen => {
+                    self.metrics.verdict(Verdict::FailOpen);
+                    tracing::warn!(correlation_id = cid, key_id = %key_text, "fail-open admit (D8)");
+                }
+                Decision::Deny(denial) => {
+                    self.metrics.verdict(match denial.reason {
+                        bus_schemas::LimitReason::Exhausted => Verdict::Exhausted,
+                        bus_schemas::LimitReason::FastPathDeadline => Verdict::FastPathDeadline,
+                        bus_schemas::LimitReason::Backstop => Verdict::Backstop,
+                    });
+                    self.metrics.outcome(Outcome::Limited);
+                    tracing::info!(
+                        correlation_id = cid,
+                        key_id = %key_text,
+                        window = %contract::window_name(denial.window.length_ms),
+                        window_id = denial.window.number,
+                        reason = contract::reason_label(denial.reason),
+                        wait_ms = denial.wait_ms,
+                        degraded = denial.degraded,
+                        "rate limited"
+                    );
+                    return contract::too_many_requests(&denial, cid, surface.degraded());
+                }
+                // `decide_at` settles the fast path itself; seeing one here is a limiter
+                // bug, which D8 answers by failing open within the backstop (not here).
+                Decision::FastPath(_) => self.metrics.verdict(Verdict::FailOpen),
+            }
+        }
+        let extra = HeaderValue::from_str(&key_text)
+            .map(|v| vec![(HeaderName::from_static(KEY_ID_HEADER), v)])
+            .unwrap_or_default();
+        let (mut resp, outcome) = self.upstream.forward(req, peer, cid, &extra).await;
+        self.metrics.outcome(outcome);
+        if surface.degraded() {
+            resp.headers_mut()
+                .insert(contract::DEGRADED, HeaderValue::from_static("true"));
+        }
+        tracing::debug!(correlation_id = cid, key_id = %key_text, status = resp.status().as_u16(), "proxied");
+        resp
+    }
+
+    fn unauthorized(&self, e: AuthError, cid: &str) -> Response<Body> {
+        self.metrics.outcome(Outcome::Unauthorized);
+        tracing::info!(correlation_id = cid, reason = e.label(), "unauthorized");
+        contract::unauthorized(e.label(), cid)
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        self.metrics.render(&mut out, "foldgate");
+        let s = self.runtime.surface();
+        let st = &s.stats;
+        metrics::gauge(
+            &mut out,
+            "foldgate_enforcement_degraded",
+            "1 while enforcement is degraded (F5).",
+            u64::from(s.degraded()),
+        );
+        metrics::gauge(
+            &mut out,
+            "foldgate_buckets",
+            "Buckets in the decision surface (D7 caps them).",
+            s.len() as u64,
+        );
+        metrics::gauge(
+            &mut out,
+            "foldgate_policy_version",
+            "Policy version in force (P1).",
+            self.policy.borrow().version,
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_bucket_evictions_total",
+            "Zero-credit buckets evicted at the cap (D7).",
+            st.evictions.load(Ordering::Relaxed),
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_bucket_inserts_refused_total",
+            "New keys refused a bucket: the map was full of credit.",
+            st.inserts_refused.load(Ordering::Relaxed),
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_fast_path_triggered_total",
+            "Decisions that took the fast path (D5).",
+            st.fast_path_triggered.load(Ordering::Relaxed),
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_fail_open_total",
+            "Fail-open admissions (D8).",
+            st.fail_open.load(Ordering::Relaxed),
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_backstop_denied_total",
+            "Fail-open requests over the backstop floor (D8).",
+            st.backstop_denied.load(Ordering::Relaxed),
+        );
+        if let Runtime::Nats(bus) = &self.runtime {
+            let b = &bus.stats;
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            metrics::counter(
+                &mut out,
+                "foldgate_bus_reports_published_total",
+                "Report batches published (C1).",
+                load(&b.reports_published),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_bus_reports_dropped_total",
+                "Report batches dropped: queue full or bus down.",
+                load(&b.reports_dropped),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_bus_grant_batches_total",
+                "Grant batches applied (C2).",
+                load(&b.grant_batches),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_fast_path_requests_total",
+                "Fast-path requests sent (D5).",
+                load(&b.fast_path_requests),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_fast_path_deadline_missed_total",
+                "Fast paths that missed the 1 ms deadline.",
+                load(&b.fast_path_deadline_missed),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_bus_bytes_in_total",
+                "Envelope bytes received.",
+                load(&b.bytes_in),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_bus_bytes_out_total",
+                "Envelope bytes sent.",
+                load(&b.bytes_out),
+            );
+            let name = "foldgate_bus_rejected_total";
+            out.push_str(&format!(
+                "# HELP {name} Envelopes rejected whole, by reason (B2).\n# TYPE {name} counter\n"
+            ));
+            for (reason, c) in [
+                ("too_large", &b.rejected_too_large),
+                ("malformed", &b.rejected_malformed),
+                ("unknown_version", &b.rejected_unknown_version),
+                ("invalid", &b.rejected_invalid),
+            ] {
+                out.push_str(&format!("{name}{{reason=\"{reason}\"}} {}\n", load(c)));
+            }
+        }
+        out
+    }
+}
+
+impl Gateway for NodeGateway {
+    async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let cid = self.ids.for_request(req.headers());
+        let resp = self.admit_and_forward(req, peer, &cid).await;
+        self.metrics.request_latency.observe(started.elapsed());
+        resp
+    }
+
+    /// `/metrics`, `/healthz`, `/readyz` on the admin listener.
+    fn admin(&self, req: &Request<Incoming>) -> Response<Body> {
+        match req.uri().path() {
+            "/metrics" => contract::plain(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                self.render_metrics(),
+            ),
+            "/healthz" => contract::plain(StatusCode::OK, "text/plain", "ok\n".into()),
+            "/readyz" => {
+                // Ready once a policy is in force: before it, every key would be a 401.
+                if self.policy.borrow().version > 0 {
+                    contract::plain(StatusCode::OK, "text/plain", "ready\n".into())
+                } else {
+                    contract::plain(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        "no policy yet\n".into(),
+                    )
+                }
+            }
+            _ => contract::plain(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        }
+    }
+
+    fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every knob is in the example file, which parses to the defaults.
+    fn documented<T: Serialize + serde::de::DeserializeOwned>(example: &str, default: &T) {
+        let parsed: T = toml::from_str(example).expect("example parses");
+        assert_eq!(
+            toml::to_string(&parsed).unwrap(),
+            toml::to_string(default).unwrap(),
+            "the example's values are the defaults"
+        );
+        let table = toml::Table::try_from(default).unwrap();
+        let nested = table
+            .values()
+            .filter_map(|v| v.as_table())
+            .flat_map(|t| t.keys());
+        for key in table.keys().chain(nested) {
+            assert!(
+                example.contains(&format!("\n{key} ="))
+                    || example.contains(&format!("# {key} ="))
+                    || example.contains(&format!("[{key}]")),
+                "`{key}` is not documented in the example"
+            );
+        }
+        for key in [
+            "hash_key_file",
+            "hash_key_hex",
+            "nats_ca_file",
+            "nats_cert_file",
+            "nats_key_file",
+        ] {
+            if example.contains("nats_url") {
+                assert!(example.contains(&format!("# {key} =")), "`{key}`");
+            }
+        }
+    }
+
+    #[test]
+    fn every_knob_is_documented_in_the_examples() {
+        documented(
+            include_str!("../../foldgate-node.example.toml"),
+            &NodeSettings::default(),
+        );
+        documented(
+            include_str!("../../foldgate-edge.example.toml"),
+            &super::super::edge::EdgeSettings::default(),
+        );
+    }
+
+    #[test]
+    fn policy_settings_become_an_index() {
+        let s: NodeSettings = toml::from_str(
+            r#"
+            [policy]
+            version = 3
+            [[policy.plans]]
+            id = 1
+            windows = [{ length_ms = 1000, limit = 10 }, { length_ms = 60000, limit = 300 }]
+            [[policy.keys]]
+            key_id = "v1:000000000000000000000000000000ff"
+            plan = 1
+            [[policy.keys]]
+            key_id = "v1:000000000000000000000000000000fe"
+            plan = 1
+            windows = [{ length_ms = 1000, limit = 50 }]
+            "#,
+        )
+        .unwrap();
+        let idx = s.policy.index(25).unwrap();
+        assert_eq!(idx.version, 3);
+        let k = parse_key_id("v1:000000000000000000000000000000fe").unwrap();
+        assert_eq!(idx.get(&k).unwrap().windows().len(), 1);
+        let mut bad = s.clone();
+        bad.policy.keys[0].key_id = "fgk_raw_key".into();
+        assert!(matches!(bad.policy.index(25), Err(SettingsError::KeyId(0))));
+        bad = s.clone();
+        bad.policy.keys[0].plan = 9;
+        assert!(matches!(
+            bad.policy.index(25),
+            Err(SettingsError::Policy(_))
+        ));
+        bad = s;
+        bad.mode = "fast".into();
+        assert!(matches!(bad.node_config(), Err(SettingsError::Mode(_))));
+    }
+}

@@ -1,0 +1,218 @@
+//! The reverse-proxy hop, shared by the node and the edge guard: streaming bodies both
+//! ways, pooled upstream connections, and an upstream that is down or slow turned into a
+//! 502 or 504 within a bound, never a hang.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::contract::{self, Body};
+use super::metrics::Outcome;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream `{0}` is not an http://host:port URL")]
+    BadUrl(String),
+}
+
+/// The `[upstream]` table: where requests go on to, and how long they may take.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamSettings {
+    pub urls: Vec<String>,
+    pub connect_timeout_ms: u64,
+    pub timeout_ms: u64,
+    pub pool_idle_per_host: usize,
+}
+
+impl Default for UpstreamSettings {
+    fn default() -> Self {
+        Self {
+            urls: vec!["http://127.0.0.1:8081".into()],
+            connect_timeout_ms: 1_000,
+            timeout_ms: 10_000,
+            pool_idle_per_host: 256,
+        }
+    }
+}
+
+impl UpstreamSettings {
+    pub fn build(&self) -> Result<Upstream, UpstreamError> {
+        Upstream::new(
+            &self.urls,
+            Duration::from_millis(self.connect_timeout_ms),
+            Duration::from_millis(self.timeout_ms),
+            self.pool_idle_per_host,
+        )
+    }
+}
+
+/// One or more upstreams (the edge spreads over its nodes; a node has one API behind it),
+/// chosen round-robin.
+pub struct Upstream {
+    targets: Vec<(Scheme, Authority)>,
+    next: AtomicUsize,
+    client: Client<HttpConnector, Incoming>,
+    timeout: Duration,
+}
+
+/// Headers that belong to one hop (RFC 9110 7.6.1) and never go further.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+impl Upstream {
+    pub fn new(
+        urls: &[String],
+        connect_timeout: Duration,
+        timeout: Duration,
+        pool_idle_per_host: usize,
+    ) -> Result<Self, UpstreamError> {
+        let targets = urls
+            .iter()
+            .map(|u| {
+                let uri: Uri = u.parse().map_err(|_| UpstreamError::BadUrl(u.clone()))?;
+                match (uri.scheme(), uri.authority()) {
+                    (Some(s), Some(a)) if *s == Scheme::HTTP => Ok((s.clone(), a.clone())),
+                    _ => Err(UpstreamError::BadUrl(u.clone())),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(UpstreamError::BadUrl(String::new()));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(pool_idle_per_host)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self {
+            targets,
+            next: AtomicUsize::new(0),
+            client,
+            timeout,
+        })
+    }
+
+    /// Sends `req` on, with the correlation id and whatever `extra` headers the caller
+    /// adds; returns the upstream's response with its body still streaming, or the
+    /// gateway's own 502/504, and which of those it was.
+    pub async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        peer: SocketAddr,
+        correlation_id: &str,
+        extra: &[(HeaderName, HeaderValue)],
+    ) -> (Response<Body>, Outcome) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        let (scheme, authority) = &self.targets[i];
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let Ok(uri) = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()
+        else {
+            return (
+                contract::gateway_error(
+                    StatusCode::BAD_REQUEST,
+                    "bad request target",
+                    correlation_id,
+                ),
+                Outcome::UpstreamError,
+            );
+        };
+        *req.uri_mut() = uri;
+        // The upstream leg is HTTP/1.1 whatever the client spoke: the pool is h1.
+        *req.version_mut() = Version::HTTP_11;
+        let h = req.headers_mut();
+        strip_hop_by_hop(h);
+        h.remove(http::header::HOST);
+        contract::set_correlation(h, correlation_id);
+        let forwarded = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prior) => format!("{prior}, {}", peer.ip()),
+            None => peer.ip().to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&forwarded) {
+            h.insert("x-forwarded-for", v);
+        }
+        for (k, v) in extra {
+            h.insert(k.clone(), v.clone());
+        }
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                contract::set_correlation(&mut parts.headers, correlation_id);
+                (
+                    Response::from_parts(parts, Either::Left(body)),
+                    Outcome::Proxied,
+                )
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(correlation_id, error = %e, "upstream error");
+                (
+                    contract::gateway_error(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream unavailable",
+                        correlation_id,
+                    ),
+                    Outcome::UpstreamError,
+                )
+            }
+            Err(_) => {
+                tracing::warn!(
+                    correlation_id,
+                    timeout_ms = self.timeout.as_millis() as u64,
+                    "upstream timeout"
+                );
+                (
+                    contract::gateway_error(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream timed out",
+                        correlation_id,
+                    ),
+                    Outcome::UpstreamTimeout,
+                )
+            }
+        }
+    }
+}
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Headers named by Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = h
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}

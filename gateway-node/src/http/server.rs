@@ -1,0 +1,232 @@
+//! The accept loop shared by every HTTP listener (node, edge, admin): HTTP/1.1 and HTTP/2
+//! on one port, a cap on connections, header size and header time bounded, and a graceful
+//! stop. Servers take their listener and shutdown signal as arguments (as mini-redis
+//! does), so tests bind port 0 and stop them.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use super::contract::Body;
+use super::metrics::GatewayMetrics;
+
+/// The `[server]` table of a gateway binary's configuration: where it listens and the
+/// bounds on what a client may do to it.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub header_read_timeout_ms: u64,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    pub h2_max_concurrent_streams: u32,
+    pub drain_ms: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        let limits = ServerLimits::default();
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            header_read_timeout_ms: limits.header_read_timeout.as_millis() as u64,
+            max_header_bytes: limits.max_header_bytes,
+            max_connections: limits.max_connections,
+            h2_max_concurrent_streams: limits.h2_max_concurrent_streams,
+            drain_ms: limits.drain.as_millis() as u64,
+        }
+    }
+}
+
+impl ServerSettings {
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            max_header_bytes: self.max_header_bytes,
+            max_connections: self.max_connections,
+            h2_max_concurrent_streams: self.h2_max_concurrent_streams,
+            drain: Duration::from_millis(self.drain_ms),
+        }
+    }
+
+    pub async fn bind(&self) -> std::io::Result<(TcpListener, TcpListener)> {
+        bind_pair(self.listen, self.admin_listen).await
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct ServerLimits {
+    /// A client must finish sending a request head within this (slow-client bound).
+    pub header_read_timeout: Duration,
+    /// Request head size bound; larger heads get 431 (HTTP/1.1) or a stream reset (HTTP/2).
+    pub max_header_bytes: usize,
+    /// Connections open at once; one more is closed at accept.
+    pub max_connections: usize,
+    pub h2_max_concurrent_streams: u32,
+    /// In-flight requests get this long to finish once shutdown is signalled.
+    pub drain: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(5),
+            max_header_bytes: 16 * 1024,
+            max_connections: 10_000,
+            h2_max_concurrent_streams: 256,
+            drain: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Serves `listener` until `shutdown` turns true, then drains. `on_refused` is told of each
+/// connection closed at the cap.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    limits: ServerLimits,
+    handler: H,
+    on_refused: impl Fn() + Send + 'static,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        // hyper's floor for the read buffer is 8 KiB.
+        .max_buf_size(limits.max_header_bytes.max(8 * 1024));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.h2_max_concurrent_streams)
+        .max_header_list_size(limits.max_header_bytes as u32);
+    loop {
+        let (stream, peer) = tokio::select! {
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                // EMFILE and friends: back off briefly rather than spin.
+                Err(_) => { tokio::time::sleep(Duration::from_millis(5)).await; continue; }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            on_refused();
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = service_fn(move |req| {
+            let f = handler(req, peer);
+            async move { Ok::<_, Infallible>(f.await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    let _ = tokio::time::timeout(limits.drain, graceful.shutdown()).await;
+}
+
+/// A gateway process's two faces: the API listener and the admin listener.
+pub trait Gateway: Send + Sync + 'static {
+    fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<Body>> + Send;
+    /// `/metrics`, `/healthz`, `/readyz`.
+    fn admin(&self, req: &Request<Incoming>) -> Response<Body>;
+    fn metrics(&self) -> &GatewayMetrics;
+}
+
+/// Serves `gateway` on `listener` (API traffic) and `admin` until `shutdown` turns true.
+pub async fn run<G: Gateway>(
+    gateway: Arc<G>,
+    limits: ServerLimits,
+    listener: TcpListener,
+    admin: TcpListener,
+    shutdown: watch::Receiver<bool>,
+) {
+    let api = {
+        let (g, refused) = (Arc::clone(&gateway), Arc::clone(&gateway));
+        serve(
+            listener,
+            limits,
+            move |req, peer| {
+                let g = Arc::clone(&g);
+                async move { g.handle(req, peer).await }
+            },
+            move || {
+                refused
+                    .metrics()
+                    .connections_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            },
+            shutdown.clone(),
+        )
+    };
+    let admin = {
+        let g = Arc::clone(&gateway);
+        serve(
+            admin,
+            ServerLimits {
+                max_connections: 64,
+                ..limits
+            },
+            move |req, _| {
+                let g = Arc::clone(&g);
+                async move { g.admin(&req) }
+            },
+            || {},
+            shutdown,
+        )
+    };
+    tokio::join!(api, admin);
+}
+
+/// Binds the API and admin listeners, naming the address that failed.
+pub async fn bind_pair(
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+) -> std::io::Result<(TcpListener, TcpListener)> {
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("binding {addr}: {e}")))
+    };
+    Ok((bind(listen).await?, bind(admin_listen).await?))
+}
+
+/// `run` until Ctrl-C (or `stop` is sent), then drain: the binaries' main loop.
+pub async fn run_until_ctrl_c<G: Gateway>(
+    gateway: Arc<G>,
+    limits: ServerLimits,
+    (listener, admin): (TcpListener, TcpListener),
+    stop: watch::Sender<bool>,
+) {
+    let shutdown = stop.subscribe();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = stop.send(true);
+    });
+    run(gateway, limits, listener, admin, shutdown).await;
+}

@@ -1,0 +1,372 @@
+//! HTTP tooling around the gateway (issue 5): a tiny upstream for local runs
+//! (`foldgate upstream`), an open-loop load generator (`foldgate bench http`), bench keys
+//! derived from a seed so no raw key is ever written to a file, and the README demo.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gateway_node::http::auth::{KeyHasher, KeyIdText};
+use gateway_node::http::contract::{self, Body};
+use gateway_node::http::server::{ServerLimits, serve};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+/// Bench and test keys: `fgk_` and 32 hex digits from a seed and an index. The generator
+/// and the gateway's policy both derive them, so the raw keys live only in memory.
+pub fn bench_key(seed: u64, i: u64) -> String {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let a = mix(seed ^ mix(i));
+    format!("fgk_{:016x}{:016x}", a, mix(a ^ i))
+}
+
+/// The `[policy]` table of a node config giving `keys` bench keys one plan of `windows`
+/// (`(length_ms, limit)`), as TOML text.
+pub fn bench_policy_toml(
+    hasher: &KeyHasher,
+    seed: u64,
+    keys: u64,
+    windows: &[(u32, u64)],
+) -> String {
+    let mut out = String::from(
+        "[policy]\nversion = 1\n\n[[policy.plans]]\nid = 1\nname = \"bench\"\nwindows = [",
+    );
+    let ws: Vec<String> = windows
+        .iter()
+        .map(|(l, n)| format!("{{ length_ms = {l}, limit = {n} }}"))
+        .collect();
+    out.push_str(&ws.join(", "));
+    out.push_str("]\n");
+    for i in 0..keys {
+        let id = hasher.key_id(bench_key(seed, i).as_bytes());
+        out.push_str(&format!(
+            "\n[[policy.keys]]\nkey_id = \"{}\"\nplan = 1\n",
+            KeyIdText(id)
+        ));
+    }
+    out
+}
+
+/// `foldgate upstream`: answers every request `200 ok` after `delay_ms`, reading the
+/// request body to its end first (so streaming through the gateway is exercised).
+pub async fn run_upstream(listener: TcpListener, delay_ms: u64, shutdown: watch::Receiver<bool>) {
+    serve(
+        listener,
+        ServerLimits::default(),
+        move |req: Request<Incoming>, _| async move {
+            let saw = |name: &str| req.headers().get(name).cloned();
+            let (request_id, key_id) = (saw("x-request-id"), saw("x-foldgate-key-id"));
+            let bytes = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes().len())
+                .unwrap_or(0);
+            if delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            }
+            let mut r = upstream_reply(bytes);
+            // Echoed so tests can see what the gateway passed on.
+            for (name, v) in [("x-saw-request-id", request_id), ("x-saw-key-id", key_id)] {
+                if let Some(v) = v {
+                    r.headers_mut().insert(name, v);
+                }
+            }
+            r
+        },
+        || {},
+        shutdown,
+    )
+    .await;
+}
+
+fn upstream_reply(request_body_bytes: usize) -> Response<Body> {
+    let mut r = contract::plain(
+        StatusCode::OK,
+        "text/plain",
+        format!("ok {request_body_bytes}\n"),
+    );
+    r.headers_mut()
+        .insert("x-upstream", http::HeaderValue::from_static("foldgate"));
+    r
+}
+
+#[derive(Clone, Debug)]
+pub struct LoadPlan {
+    pub target: String,
+    /// Requests per second, at constant intervals from the start.
+    pub rate: u64,
+    pub seconds: f64,
+    pub keys: u64,
+    pub key_seed: u64,
+    pub path: String,
+    /// Requests in flight at most; the schedule keeps its times when this binds, so the
+    /// wait shows in the latency (no coordinated omission).
+    pub max_in_flight: usize,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct LoadReport {
+    pub target: String,
+    pub rate: u64,
+    pub seconds: f64,
+    pub sent: u64,
+    pub ok: u64,
+    pub status_429: u64,
+    pub status_401: u64,
+    pub errors: u64,
+    /// Latency from each request's intended send time to its response head.
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    pub latency_us_max: f64,
+    /// Requests completed per second of the run.
+    pub achieved_rate: f64,
+}
+
+/// Open-loop load: request i is due at `start + i / rate` whatever happened to the ones
+/// before it, and its latency counts from then (as wrk2 measures).
+pub async fn run_load(plan: &LoadPlan) -> LoadReport {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(plan.max_in_flight)
+        .build(connector);
+    let total = (plan.rate as f64 * plan.seconds).round() as u64;
+    let keys: Vec<String> = (0..plan.keys.max(1))
+        .map(|i| format!("Bearer {}", bench_key(plan.key_seed, i)))
+        .collect();
+    let keys = Arc::new(keys);
+    let slots = Arc::new(Semaphore::new(plan.max_in_flight.max(1)));
+    // The schedule runs on its own thread with the OS sleep, not a tokio timer: tokio's
+    // timer wheel has 1 ms ticks, which would send requests in 1 ms clumps and charge up
+    // to a millisecond of the generator's own lateness to the server under test.
+    let handle = tokio::runtime::Handle::current();
+    let interval_ns = 1e9 / plan.rate.max(1) as f64;
+    let start = Instant::now();
+    let (target, path, timeout) = (plan.target.clone(), plan.path.clone(), plan.timeout);
+    let scheduler = std::thread::spawn(move || {
+        let mut handles = Vec::with_capacity(total as usize);
+        for i in 0..total {
+            let due = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let (client, keys, slots) = (client.clone(), Arc::clone(&keys), Arc::clone(&slots));
+            let uri = format!("{target}{path}");
+            handles.push(handle.spawn(async move {
+                let permit = slots.acquire_owned().await.expect("semaphore never closes");
+                let req = Request::get(uri)
+                    .header("authorization", &keys[(i % keys.len() as u64) as usize])
+                    .body(Empty::<Bytes>::new())
+                    .expect("valid request");
+                let status = match tokio::time::timeout(timeout, client.request(req)).await {
+                    Ok(Ok(resp)) => {
+                        let status = resp.status().as_u16();
+                        // Read the body so the connection goes back to the pool.
+                        let _ = resp.into_body().collect().await;
+                        status
+                    }
+                    _ => 0,
+                };
+                drop(permit);
+                (status, due.elapsed())
+            }));
+        }
+        handles
+    });
+    let handles = tokio::task::spawn_blocking(move || scheduler.join().expect("scheduler"))
+        .await
+        .expect("scheduler thread");
+    let mut report = LoadReport {
+        target: plan.target.clone(),
+        rate: plan.rate,
+        seconds: plan.seconds,
+        sent: total,
+        ..LoadReport::default()
+    };
+    let mut lat_ns: Vec<u64> = Vec::with_capacity(handles.len());
+    for h in handles {
+        let Ok((status, latency)) = h.await else {
+            report.errors += 1;
+            continue;
+        };
+        match status {
+            200..=299 => report.ok += 1,
+            429 => report.status_429 += 1,
+            401 => report.status_401 += 1,
+            _ => report.errors += 1,
+        }
+        lat_ns.push(latency.as_nanos() as u64);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    lat_ns.sort_unstable();
+    let q = |p: f64| {
+        lat_ns
+            .get(((lat_ns.len() as f64 * p) as usize).min(lat_ns.len().saturating_sub(1)))
+            .map(|&n| (n as f64 / 100.0).round() / 10.0)
+            .unwrap_or(0.0)
+    };
+    report.latency_us_p50 = q(0.50);
+    report.latency_us_p99 = q(0.99);
+    report.latency_us_p999 = q(0.999);
+    report.latency_us_max = lat_ns.last().map(|&n| n as f64 / 1_000.0).unwrap_or(0.0);
+    report.achieved_rate = (lat_ns.len() as f64 / elapsed * 10.0).round() / 10.0;
+    report
+}
+
+/// One request, for the demo and for tests: status, the headers that matter, and the body.
+pub async fn get_once(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    key: Option<&str>,
+) -> anyhow::Result<(StatusCode, http::HeaderMap, String)> {
+    let mut req = Request::get(url);
+    if let Some(k) = key {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let resp = client.request(req.body(Full::new(Bytes::new()))?).await?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok((
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    ))
+}
+
+pub fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// A listener on a free loopback port.
+pub async fn loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let a = l.local_addr()?;
+    Ok((l, a))
+}
+
+/// What the demo saw: each request's status and the 429's headers and body.
+#[derive(Debug, Serialize)]
+pub struct DemoStep {
+    pub request: u32,
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub reset_ms: Option<String>,
+    pub correlation_id: Option<String>,
+    pub body: Option<String>,
+}
+
+/// The README's main job: an upstream and a gateway node with its embedded defaults (no
+/// NATS: the in-process bus and fold owner), one key on a plan of `limit_1s` per second and
+/// `limit_60s` per minute, and requests until a 429 is earned, then one more after the
+/// wait the 429 named. Returns the steps; an error if no 429 was earned or the wait lied.
+pub async fn run_demo(
+    limit_1s: u64,
+    limit_60s: u64,
+    mut on_step: impl FnMut(&DemoStep),
+) -> anyhow::Result<Vec<DemoStep>> {
+    use gateway_node::http::node::{NodeGateway, NodeSettings, Runtime, system_clock};
+
+    let (stop_tx, stop) = watch::channel(false);
+    let (up_listener, up_addr) = loopback().await?;
+    tokio::spawn(run_upstream(up_listener, 0, stop.clone()));
+
+    // A demo secret made here and dropped at exit; a deployment reads `hash_key_file`.
+    let secret: String = (0..4)
+        .map(|_| format!("{:016x}", gateway_node::http::auth::random_u64()))
+        .collect();
+    let hasher = KeyHasher::from_hex(1, &secret)?;
+    let seed = gateway_node::http::auth::random_u64();
+    let policy = bench_policy_toml(&hasher, seed, 1, &[(1_000, limit_1s), (60_000, limit_60s)]);
+    let settings: NodeSettings = toml::from_str(&format!(
+        "upstream.urls = [\"http://{up_addr}\"]\nhash_key_hex = \"{secret}\"\nlog_level = \"warn\"\n{policy}"
+    ))?;
+    let clock = system_clock();
+    let runtime = Runtime::start(&settings, Arc::clone(&clock), stop.clone()).await?;
+    let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);
+    let (listener, addr) = loopback().await?;
+    let (admin, _) = loopback().await?;
+    tokio::spawn(gateway_node::http::server::run(
+        gateway,
+        settings.server.limits(),
+        listener,
+        admin,
+        stop,
+    ));
+
+    let client = plain_client();
+    let url = format!("http://{addr}/hello");
+    let key = bench_key(seed, 0);
+    let mut steps = Vec::new();
+    let mut waited = false;
+    for n in 1..=(limit_1s as u32 + 10) {
+        let (status, headers, body) = get_once(&client, &url, Some(&key)).await?;
+        let h = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        };
+        let step = DemoStep {
+            request: n,
+            status: status.as_u16(),
+            retry_after: h("retry-after"),
+            reset_ms: h(contract::RESET_MS),
+            correlation_id: h(contract::REQUEST_ID),
+            body: (status == StatusCode::TOO_MANY_REQUESTS).then_some(body),
+        };
+        on_step(&step);
+        let wait_ms = match (&step.reset_ms, &step.retry_after) {
+            (Some(ms), _) => ms.parse::<u64>().ok(),
+            (None, Some(s)) => s.parse::<u64>().ok().map(|s| s * 1_000),
+            _ => None,
+        };
+        let limited = step.status == 429;
+        steps.push(step);
+        if limited {
+            if waited {
+                anyhow::bail!("a 429 again after waiting the time the first one named");
+            }
+            tokio::time::sleep(Duration::from_millis(wait_ms.unwrap_or(1_000) + 5)).await;
+            waited = true;
+        } else if waited {
+            break;
+        }
+    }
+    let _ = stop_tx.send(true);
+    if !steps.iter().any(|s| s.status == 429) {
+        anyhow::bail!("no 429 earned in {} requests", steps.len());
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_keys_are_stable_distinct_and_well_formed() {
+        assert_eq!(bench_key(7, 1), bench_key(7, 1));
+        assert_ne!(bench_key(7, 1), bench_key(7, 2));
+        assert_ne!(bench_key(7, 1), bench_key(8, 1));
+        let k = bench_key(1, 0);
+        assert_eq!(k.len(), 36);
+        assert!(k.bytes().all(|b| b.is_ascii_graphic()));
+    }
+}

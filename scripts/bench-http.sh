@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Added latency of the limiter (issue 5, S1): the same foldgate-node with the limiter on
+# and off, and the upstream straight, at 2,778 req/s open loop, interleaved in one run;
+# then maximum throughput on/off (closed loop), and oha as the external cross-check.
+#   ./scripts/bench-http.sh [seconds_per_run] [reps]
+# Prints JSON lines; BENCHMARKS.md quotes them. Everything binds 127.0.0.1 and stops.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_RUN=${1:-10}
+REPS=${2:-3}
+RATE=${RATE:-2778}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/foldgate-target}
+cargo build --release -q -p ops --bin foldgate -p gateway-node --bin foldgate-node
+BIN=$CARGO_TARGET_DIR/release
+DIR=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$DIR"; }
+trap cleanup EXIT
+
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$DIR/hash-key.hex"
+"$BIN/foldgate" bench-policy --hash-key-file "$DIR/hash-key.hex" --keys 100 --key-seed 1 > "$DIR/policy.toml"
+
+UP=$(port); ON=$(port); OFF=$(port); ONA=$(port); OFFA=$(port)
+"$BIN/foldgate" upstream --listen 127.0.0.1:$UP 2>/dev/null & PIDS+=($!)
+node() { # port admin limiter
+  { echo "server.listen = \"127.0.0.1:$1\""; echo "server.admin_listen = \"127.0.0.1:$2\"";
+    echo "upstream.urls = [\"http://127.0.0.1:$UP\"]"; echo "hash_key_file = \"$DIR/hash-key.hex\"";
+    echo "limiter_enabled = $3"; echo 'log_level = "warn"'; cat "$DIR/policy.toml"; } > "$DIR/node-$1.toml"
+  "$BIN/foldgate-node" --config "$DIR/node-$1.toml" 2>>"$DIR/node-$1.log" & PIDS+=($!)
+}
+node $ON $ONA true
+node $OFF $OFFA false
+for a in $ONA $OFFA; do
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$a/readyz" >/dev/null && break; sleep 0.05; done
+done
+
+bench() { "$BIN/foldgate" bench http --target "http://127.0.0.1:$1" --rate "$2" --seconds "$3" --keys 100 --key-seed 1 "${@:4}"; }
+echo "# machine: $(nproc) vCPU, $(uname -r); rate $RATE req/s, $SECONDS_PER_RUN s per run, $REPS reps"
+# Warm-up: connections pooled, buckets created and credited.
+for p in $UP $ON $OFF; do bench $p $RATE 2 >/dev/null; done
+for r in $(seq "$REPS"); do
+  # The order turns each rep (ABC, CBA, ...), so drift on a shared machine cancels out.
+  if [ $((r % 2)) = 1 ]; then ORDER="$UP $ON $OFF"; else ORDER="$OFF $ON $UP"; fi
+  for p in $ORDER; do
+    case $p in $UP) name=direct;; $ON) name=limiter_on;; $OFF) name=limiter_off;; esac
+    echo "{\"run\":\"$name\",\"rep\":$r,\"report\":$(bench $p $RATE "$SECONDS_PER_RUN")}"
+  done
+done
+# The node's own histogram of time spent in the limiter, for the same runs.
+curl -fs "http://127.0.0.1:$ONA/metrics" | grep -E '^foldgate_(limiter_added_latency_seconds_(bucket|count|sum)|fast_path_triggered_total|decisions_total)' | sed 's/^/# /'
+
+# Maximum throughput, closed loop with 64 connections: oha (external) and the limiter on/off.
+KEY=$("$BIN/foldgate" bench-key --key-seed 1 --index 0)
+if command -v oha >/dev/null; then
+  for r in $(seq "$REPS"); do
+    for p in $ON $OFF; do
+      name=$([ $p = $ON ] && echo limiter_on || echo limiter_off)
+      out=$(oha -z "${MAX_SECONDS:-5}s" -c 64 --no-tui --output-format json -H "Authorization: Bearer $KEY" "http://127.0.0.1:$p/" 2>/dev/null)
+      echo "{\"run\":\"oha_max_$name\",\"rep\":$r,\"rps\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["summary"]["requestsPerSec"],1))'),\"p50_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p50"]*1e6,1))'),\"p99_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p99"]*1e6,1))'),\"status\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(json.dumps(d["statusCodeDistribution"]))')}"
+    done
+  done
+  # Cross-check of the open-loop figure: oha at a fixed rate on the limiter-on node.
+  out=$(oha -z "${SECONDS_PER_RUN}s" -q "$RATE" -c 32 --latency-correction --no-tui --output-format json -H "Authorization: Bearer $KEY" "http://127.0.0.1:$ON/" 2>/dev/null)
+  echo "{\"run\":\"oha_rate_limiter_on\",\"rate\":$RATE,\"p50_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p50"]*1e6,1))'),\"p99_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p99"]*1e6,1))'),\"status\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(json.dumps(d["statusCodeDistribution"]))')}"
+else
+  echo "# oha not installed (cargo install oha --locked): no external cross-check"
+fi

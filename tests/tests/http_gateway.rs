@@ -1,0 +1,462 @@
+//! The gateway over real sockets (issue 5): the 401/429 contract (D1, D6), bad input,
+//! HTTP/2, a key limited on one node and not another (on NATS), and degraded enforcement.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use foldgate_tests::http::{key, policy, start_gateway, start_upstream};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use ops::http_tools::{get_once, plain_client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The body of a response the gateway made must never carry a limit (D6).
+fn assert_no_limit(body: &serde_json::Value, limits: &[u64]) {
+    let obj = body.as_object().expect("object body");
+    for k in obj.keys() {
+        assert!(
+            !["limit", "remaining", "allowance", "credit"].contains(&k.as_str()),
+            "body names {k}: {body}"
+        );
+    }
+    for (k, v) in obj {
+        if k == "window_id" {
+            continue;
+        }
+        if let Some(n) = v.as_u64() {
+            assert!(!limits.contains(&n), "body carries {n} ({k}): {body}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_requests_get_401_before_the_limiter() {
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(up, "", &policy(2, &[(1_000, 3), (60_000, 100)])).await;
+    let c = plain_client();
+    let url = gw.url("/x");
+
+    let (status, headers, body) = get_once(&c, &url, None).await.unwrap();
+    assert_eq!(status, 401);
+    assert_eq!(headers["www-authenticate"], "Bearer");
+    let b = json(&body);
+    assert_eq!(b["detail"], "missing_key");
+    assert_eq!(
+        b["correlation_id"],
+        headers["x-request-id"].to_str().unwrap()
+    );
+
+    let stranger = "fgk_not_a_key_in_the_policy_0000";
+    for _ in 0..10 {
+        let (status, _, body) = get_once(&c, &url, Some(stranger)).await.unwrap();
+        assert_eq!(status, 401, "an unknown key never reaches the limiter (N3)");
+        assert_eq!(json(&body)["detail"], "unknown_key");
+    }
+    for bad in ["short", "has\tcontrol"] {
+        let (status, _, body) = get_once(&c, &url, Some(bad)).await.unwrap();
+        assert_eq!(status, 401);
+        assert_eq!(json(&body)["detail"], "malformed_key");
+    }
+    // X-Api-Key works as well as Bearer.
+    let req = http::Request::get(&url)
+        .header("x-api-key", key(1))
+        .header("x-request-id", "client-chosen-7")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-request-id"], "client-chosen-7");
+    assert_eq!(
+        resp.headers()["x-saw-request-id"],
+        "client-chosen-7",
+        "propagated upstream"
+    );
+    let key_id = resp.headers()["x-saw-key-id"].to_str().unwrap().to_string();
+    assert!(key_id.starts_with("v1:") && !key_id.contains(&key(1)));
+    // No 401 reached the limiter: it holds a bucket for key 1 only.
+    assert_eq!(gw.gateway.runtime.surface().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_429_contract_sub_second_multi_second_and_both_windows() {
+    let (up, _up_stop) = start_upstream(0).await;
+    // Key 0: a 1 s window that runs out first. Key 1: both windows run out together.
+    let mut pol = policy(1, &[(1_000, 4), (60_000, 1_000)]);
+    pol.push_str(&format!(
+        "\n[[policy.keys]]\nkey_id = \"{}\"\nplan = 1\nwindows = [{{ length_ms = 1000, limit = 3 }}, {{ length_ms = 60000, limit = 3 }}]\n",
+        gateway_node::http::auth::KeyIdText(foldgate_tests::http::hasher().key_id(key(1).as_bytes()))
+    ));
+    let gw = start_gateway(up, "", &pol).await;
+    let c = plain_client();
+    let url = gw.url("/");
+
+    // Sub-second: the 1 s window denies; the 60 s window could not, so the wait is to the
+    // 1 s boundary: Retry-After 0 and the milliseconds beside it.
+    let mut statuses = Vec::new();
+    let mut denied = None;
+    for _ in 0..8 {
+        let (s, h, b) = get_once(&c, &url, Some(&key(0))).await.unwrap();
+        statuses.push(s.as_u16());
+        if s == 429 && denied.is_none() {
+            denied = Some((h, b));
+        }
+    }
+    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+    assert!(
+        admitted <= 4,
+        "1 s limit 4, admitted {admitted}: {statuses:?}"
+    );
+    let (h, body) = denied.expect("a 429 within 8 requests at limit 4");
+    assert_eq!(h["retry-after"], "0", "{h:?}");
+    let reset_ms: u64 = h["x-ratelimit-reset-ms"].to_str().unwrap().parse().unwrap();
+    assert!(reset_ms <= 1_000, "reset {reset_ms} ms");
+    assert!(h.get("x-ratelimit-degraded").is_none());
+    assert_eq!(h["content-type"], "application/json");
+    let b = json(&body);
+    assert_eq!(b["error"], "rate_limited");
+    assert_eq!(b["window"], "1s");
+    assert_eq!(b["reason"], "exhausted");
+    assert_eq!(b["correlation_id"], h["x-request-id"].to_str().unwrap());
+    assert_no_limit(&b, &[4, 1_000]);
+
+    // Both windows out: once the owner has declared the 60 s window exhausted (a round
+    // after its last credit went out; until then the node may get credit next round and
+    // says so with a sub-second wait), the wait runs to the later, 60 s, boundary in whole
+    // seconds, and the body names the first denying window in plan order.
+    let key1 = foldgate_tests::http::hasher().key_id(key(1).as_bytes());
+    let mut admitted = 0;
+    let mut last = None;
+    let by = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < by {
+        let (s, h, b) = get_once(&c, &url, Some(&key(1))).await.unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        match s.as_u16() {
+            200 => admitted += 1,
+            429 => {
+                let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+                if retry >= 1 {
+                    last = Some((h, b, now_ms));
+                    break;
+                }
+                assert!(h.contains_key("x-ratelimit-reset-ms"), "{h:?}");
+            }
+            other => panic!("status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(admitted <= 3, "both windows allow 3, admitted {admitted}");
+    let (h, body, now_ms) = last.expect("a whole-second Retry-After within 2 s");
+    assert!(
+        h.get("x-ratelimit-reset-ms").is_none(),
+        "whole seconds only: {h:?}"
+    );
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    let w60 = gateway_node::window::window_at(key1, 60_000, now_ms);
+    let expected_s = gateway_node::window::window_end_ms(key1, w60)
+        .saturating_sub(now_ms)
+        .div_ceil(1_000);
+    assert!(
+        retry.abs_diff(expected_s) <= 1 && retry >= 1,
+        "Retry-After {retry}, 60 s boundary in {expected_s} s"
+    );
+    let b = json(&body);
+    assert_eq!(b["correlation_id"], h["x-request-id"].to_str().unwrap());
+    assert_no_limit(&b, &[3]);
+
+    // Metrics: verdicts counted, no raw key anywhere.
+    let (_, _, metrics) = get_once(&c, &gw.admin_url("/metrics"), None).await.unwrap();
+    assert!(metrics.contains("foldgate_decisions_total{outcome=\"deny_exhausted\"}"));
+    assert!(!metrics.contains(&key(0)) && !metrics.contains(&key(1)));
+    let (s, _, _) = get_once(&c, &gw.admin_url("/readyz"), None).await.unwrap();
+    assert_eq!(s, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_bounded_oversized_slow_and_upstream_down() {
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(
+        up,
+        "server.header_read_timeout_ms = 300\nserver.max_header_bytes = 8192",
+        &policy(1, &[(1_000, 1_000), (60_000, 60_000)]),
+    )
+    .await;
+
+    // Oversized headers: 431, not a crash or a hang.
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let big = "a".repeat(20_000);
+    s.write_all(format!("GET / HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .expect("answered")
+        .unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
+
+    // A slow client that never finishes its head is cut off at header_read_timeout_ms.
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let t = Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("closed within the bound")
+        .unwrap_or(0);
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(250), "cut after {waited:?}");
+    if n > 0 {
+        let head = String::from_utf8_lossy(&buf[..n]);
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    }
+
+    // Upstream down: 502 at once. Upstream slow: 504 at the timeout, never a hang.
+    let (dead, dead_stop) = start_upstream(0).await;
+    drop(dead_stop);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let down = start_gateway(dead, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    let c = plain_client();
+    let t = Instant::now();
+    let (status, h, body) = get_once(&c, &down.url("/"), Some(&key(0))).await.unwrap();
+    assert_eq!(status, 502, "{body}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(h.contains_key("x-request-id"));
+    let (slow, _slow_stop) = start_upstream(3_000).await;
+    let slow_gw = start_gateway(
+        slow,
+        "upstream.timeout_ms = 300",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let t = Instant::now();
+    let (status, _, _) = get_once(&c, &slow_gw.url("/"), Some(&key(0)))
+        .await
+        .unwrap();
+    assert_eq!(status, 504);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    let (_, _, metrics) = get_once(&c, &slow_gw.admin_url("/metrics"), None)
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("foldgate_requests_total{outcome=\"upstream_timeout\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_many_streams_on_one_connection() {
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(
+        up,
+        "server.h2_max_concurrent_streams = 64",
+        &policy(4, &[(1_000, 100_000), (60_000, 1_000_000)]),
+    )
+    .await;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let url = gw.url("/h2");
+    let calls = (0..600).map(|i| {
+        let req = http::Request::get(&url)
+            .header("authorization", format!("Bearer {}", key(i % 4)))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let c = client.clone();
+        async move {
+            let resp = c.request(req).await.expect("h2 request");
+            assert_eq!(resp.version(), http::Version::HTTP_2);
+            let status = resp.status();
+            let _ = resp.into_body().collect().await;
+            status
+        }
+    });
+    let statuses = futures::future::join_all(calls).await;
+    let ok = statuses.iter().filter(|s| s.as_u16() == 200).count();
+    assert_eq!(ok, 600, "{:?}", &statuses[..10]);
+}
+
+/// Two nodes on one NATS bus with one fold owner: key 0 floods node A far over its limit
+/// while node B sends it a trickle. A is limited; B's trickle is still served from the
+/// owner's fair split; the fleet admits no more than the limit per window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_limit_on_one_node_and_under_on_another() {
+    use bus_schemas::{OwnerEpoch, ShardId};
+    use fold_workers::OwnerConfig;
+    use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
+    use foldgate_tests::nats::{NatsServer, connect, system_clock};
+
+    let server = NatsServer::start();
+    let url = server.url();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    put_policy(&url, 1, 200).await;
+    tokio::spawn(run_fold_worker(
+        connect(&url).await,
+        Assignment {
+            shards: vec![0],
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        |s| OwnerConfig {
+            shards: 1,
+            fleet_size: 2,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        system_clock(),
+        Arc::new(FoldWorkerStats::default()),
+        stop.clone(),
+    ));
+    let (up, _up_stop) = start_upstream(0).await;
+    let node =
+        |id: u32| format!("nats_url = \"{url}\"\nnode_id = {id}\nfleet_size = 2\nshards = 1");
+    let a = start_gateway(up, &node(0), "").await;
+    let b = start_gateway(up, &node(1), "").await;
+    for g in [&a, &b] {
+        let by = Instant::now() + Duration::from_secs(5);
+        while !get_once(&plain_client(), &g.admin_url("/readyz"), None)
+            .await
+            .map(|(s, _, _)| s == 200)
+            .unwrap_or(false)
+        {
+            assert!(Instant::now() < by, "node never got the policy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // A: 400 req/s for 3 s; B: 20 req/s. The plan allows 200 per second.
+    let count = |g: &foldgate_tests::http::TestGateway,
+                 rate: u64,
+                 ok: Arc<AtomicU64>,
+                 limited: Arc<AtomicU64>| {
+        let url = g.url("/");
+        async move {
+            let c = plain_client();
+            let start = tokio::time::Instant::now();
+            let mut tasks = Vec::new();
+            for i in 0..rate * 3 {
+                tokio::time::sleep_until(start + Duration::from_micros(i * 1_000_000 / rate)).await;
+                let (c, url, ok, limited) = (
+                    c.clone(),
+                    url.clone(),
+                    Arc::clone(&ok),
+                    Arc::clone(&limited),
+                );
+                tasks.push(tokio::spawn(async move {
+                    match get_once(&c, &url, Some(&key(0)))
+                        .await
+                        .map(|r| r.0.as_u16())
+                    {
+                        Ok(200) => ok.fetch_add(1, Ordering::Relaxed),
+                        Ok(429) => limited.fetch_add(1, Ordering::Relaxed),
+                        other => panic!("unexpected {other:?}"),
+                    };
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }
+    };
+    let (a_ok, a_429, b_ok, b_429) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    tokio::join!(
+        count(&a, 400, Arc::clone(&a_ok), Arc::clone(&a_429)),
+        count(&b, 20, Arc::clone(&b_ok), Arc::clone(&b_429)),
+    );
+    let (a_ok, a_429, b_ok, b_429) = (
+        a_ok.load(Ordering::Relaxed),
+        a_429.load(Ordering::Relaxed),
+        b_ok.load(Ordering::Relaxed),
+        b_429.load(Ordering::Relaxed),
+    );
+    eprintln!("node A: {a_ok} ok, {a_429} limited; node B: {b_ok} ok, {b_429} limited");
+    assert!(
+        a_429 > 400,
+        "node A is over the limit and must be limited: {a_429}"
+    );
+    // When the wants exceed what is left, the owner splits it in proportion to demand
+    // (C4): B's 20 of 420 req/s is owed at least 20/420 of 200 a second, 47% of what it
+    // offered, and more before A's demand builds.
+    assert!(
+        b_ok >= 27,
+        "node B is under its share and must be served: {b_ok} of 60"
+    );
+    // 3 s of traffic spans at most 4 one-second windows of 200.
+    assert!(
+        a_ok + b_ok <= 4 * 200,
+        "fleet admitted {} in 3 s",
+        a_ok + b_ok
+    );
+    let _ = stop_tx.send(true);
+}
+
+async fn put_policy(url: &str, version: u64, per_second: u64) {
+    use bus_schemas::{Envelope, WindowSpec};
+    let windows = [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: per_second,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: per_second * 60,
+        },
+    ];
+    let keys = (0..4).map(|i| foldgate_tests::http::hasher().key_id(key(i).as_bytes()));
+    let snap = foldgate_tests::nats::one_plan_snapshot(version, &windows, keys);
+    foldgate_tests::nats::policy_bucket(url)
+        .await
+        .put(gateway_node::bus::POLICY_KEY, snap.encode().into())
+        .await
+        .unwrap();
+}
+
+/// F5 on a real bus with no fold owner: after `degraded_after_ms` every response says so,
+/// 429s and proxied answers alike, and the gauge is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn degraded_enforcement_is_visible_on_every_response() {
+    use foldgate_tests::nats::NatsServer;
+    let server = NatsServer::start();
+    put_policy(&server.url(), 1, 5).await;
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(
+        up,
+        &format!("nats_url = \"{}\"\ndegraded_after_ms = 300", server.url()),
+        "",
+    )
+    .await;
+    let c = plain_client();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut seen = Vec::new();
+    for _ in 0..12 {
+        let (s, h, _) = get_once(&c, &gw.url("/"), Some(&key(0))).await.unwrap();
+        assert_eq!(
+            h.get("x-ratelimit-degraded").map(|v| v.to_str().unwrap()),
+            Some("true"),
+            "status {s}"
+        );
+        seen.push(s.as_u16());
+    }
+    assert!(seen.contains(&429), "limit 5/s, 12 requests: {seen:?}");
+    let (_, _, metrics) = get_once(&c, &gw.admin_url("/metrics"), None).await.unwrap();
+    assert!(
+        metrics.contains("foldgate_enforcement_degraded 1"),
+        "{metrics}"
+    );
+}
