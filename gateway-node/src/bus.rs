@@ -285,6 +285,18 @@ impl NodeBus {
         Ok(())
     }
 
+    /// A restart drill (C9, A46): the node comes back as `epoch`, with zero credit and no
+    /// records, on the same connection. What the old epoch spent since its last report is
+    /// lost, as in a crash; the owner still counts the old epoch's grants as outstanding
+    /// until the window closes (C7), so the loss is under-admission, never over.
+    pub fn restart(&self, epoch: bus_schemas::NodeEpoch) {
+        let mut l = lock(&self.limiter);
+        assert!(epoch > l.epoch(), "a restarted node takes a newer epoch");
+        let config = l.config().clone();
+        self.surface.clear();
+        *l = NodeLimiter::new(config, Arc::clone(&self.surface), epoch, (self.clock)());
+    }
+
     /// The policy in force (P1), to resolve a key's plan when it authenticates (D1).
     pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
         self.policy.subscribe()

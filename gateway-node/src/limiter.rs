@@ -335,6 +335,16 @@ impl NodeLimiter {
         }
     }
 
+    /// F7's view of one shard from this node: how long since its owner last answered
+    /// (the node's fold age for the shard, ms) and the owner epoch it answers as.
+    pub fn shard_contact(&self, shard: ShardId, now: Now) -> (u64, OwnerEpoch) {
+        let link = &self.links[shard.0 as usize];
+        (
+            now.mono_ms.saturating_sub(link.last_contact_mono_ms),
+            link.owner_epoch_seen,
+        )
+    }
+
     fn publish_health(&self, now: Now) {
         let mut any_healthy = false;
         let mut any_degraded = false;

@@ -604,6 +604,13 @@ impl DecisionSurface {
         self.buckets.get(key)
     }
 
+    /// Drops every bucket: what a process restart does to the surface (C9). Only a
+    /// restart drill calls it; a decision in flight holds its shard's read lock, so it
+    /// finishes against the old bucket first.
+    pub fn clear(&self) {
+        self.buckets.clear();
+    }
+
     pub(crate) fn for_each(&self, mut f: impl FnMut(KeyId, &KeyBucket)) {
         for entry in self.buckets.iter() {
             f(*entry.key(), entry.value());

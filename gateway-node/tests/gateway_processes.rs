@@ -232,8 +232,8 @@ async fn no_raw_key_in_logs_or_metrics_after_a_load_run() {
     let log = dir.join("node.log");
     let node = spawn(env!("CARGO_BIN_EXE_foldgate-node"), &cfg, Some(&log));
     wait_ready(admin).await;
-    let report = run_load(&LoadPlan {
-        target: format!("http://127.0.0.1:{port}"),
+    let [report] = &run_load(&LoadPlan {
+        targets: vec![format!("http://127.0.0.1:{port}")],
         rate: 600,
         seconds: 2.0,
         keys: 12,
@@ -242,7 +242,9 @@ async fn no_raw_key_in_logs_or_metrics_after_a_load_run() {
         max_in_flight: 256,
         timeout: Duration::from_secs(5),
     })
-    .await;
+    .await[..] else {
+        panic!("one target, one report")
+    };
     eprintln!("{report:?}");
     assert!(report.ok > 0 && report.status_429 > 0 && report.status_401 > 0);
     let c = plain_client();

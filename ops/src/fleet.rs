@@ -246,6 +246,71 @@ pub async fn start_nodes_with(
     nodes
 }
 
+/// F7: recovery verified by a probe of the nodes' books, never by a component's report of
+/// its own health. Recovered means all three of: every node heard from every shard's
+/// owner within the last round; every node sees the same, non-zero owner epoch for each
+/// shard (one grant authority); and for every key-window the fleet's spend plus held
+/// credit is within the allowance plus what nodes granted themselves (F4).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryProbe {
+    pub max_fold_age_ms: u64,
+    pub shards: u32,
+    pub shards_confirmed: u32,
+    pub key_windows: u64,
+    pub key_windows_unreconciled: u64,
+}
+
+impl RecoveryProbe {
+    pub fn take(nodes: &[NodeBus], now: Now) -> Self {
+        let shards = nodes
+            .first()
+            .map(|n| n.with_limiter(|l| l.config().shards))
+            .unwrap_or(0);
+        let mut probe = Self {
+            shards,
+            ..Self::default()
+        };
+        let mut epochs: Vec<Option<bus_schemas::OwnerEpoch>> = vec![None; shards as usize];
+        let mut unanimous = vec![true; shards as usize];
+        // key-window -> (spend + held, allowance, self-granted), summed over nodes.
+        let mut totals: std::collections::HashMap<bus_schemas::KeyWindow, (u64, u64, u64)> =
+            std::collections::HashMap::new();
+        for n in nodes {
+            n.with_limiter(|l| {
+                for s in 0..shards {
+                    let (age_ms, epoch) = l.shard_contact(bus_schemas::ShardId(s), now);
+                    probe.max_fold_age_ms = probe.max_fold_age_ms.max(age_ms);
+                    let seen = &mut epochs[s as usize];
+                    unanimous[s as usize] &= epoch.0 > 0 && seen.is_none_or(|e| e == epoch);
+                    *seen = Some(epoch);
+                }
+                for kw in l.key_windows() {
+                    if let Some(line) = l.line_for(kw) {
+                        let t = totals.entry(*kw).or_default();
+                        t.0 += line.cumulative_spend + line.held_credit;
+                        t.1 = t.1.max(line.allowance);
+                        t.2 += line.self_granted;
+                    }
+                }
+            });
+        }
+        probe.shards_confirmed = unanimous.iter().filter(|&&u| u).count() as u32;
+        probe.key_windows = totals.len() as u64;
+        probe.key_windows_unreconciled = totals
+            .values()
+            .filter(|(used, allowance, own)| used > &(allowance + own))
+            .count() as u64;
+        probe
+    }
+
+    pub fn recovered(&self, round_ms: u64) -> bool {
+        self.max_fold_age_ms < round_ms
+            && self.shards > 0
+            && self.shards_confirmed == self.shards
+            && self.key_windows_unreconciled == 0
+    }
+}
+
 /// What a real-time run offered and admitted, booked against the exact oracle.
 pub struct RunBooks {
     pub offered: u64,

@@ -106,8 +106,11 @@ fn upstream_reply(request_body_bytes: usize) -> Response<Body> {
 
 #[derive(Clone, Debug)]
 pub struct LoadPlan {
-    pub target: String,
-    /// Requests per second, at constant intervals from the start.
+    /// One or more base URLs. With several, arrivals interleave (request i goes to target
+    /// i mod n) and each target gets `rate`: an A/B in which both sides see the same
+    /// moments of a noisy machine, instead of one run after the other.
+    pub targets: Vec<String>,
+    /// Requests per second per target, at constant intervals from the start.
     pub rate: u64,
     pub seconds: f64,
     pub keys: u64,
@@ -139,14 +142,16 @@ pub struct LoadReport {
 }
 
 /// Open-loop load: request i is due at `start + i / rate` whatever happened to the ones
-/// before it, and its latency counts from then (as wrk2 measures).
-pub async fn run_load(plan: &LoadPlan) -> LoadReport {
+/// before it, and its latency counts from then (as wrk2 measures). One report per target.
+pub async fn run_load(plan: &LoadPlan) -> Vec<LoadReport> {
+    assert!(!plan.targets.is_empty(), "a load plan has a target");
+    let n_targets = plan.targets.len() as u64;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(plan.max_in_flight)
         .build(connector);
-    let total = (plan.rate as f64 * plan.seconds).round() as u64;
+    let total = (plan.rate as f64 * plan.seconds).round() as u64 * n_targets;
     let keys: Vec<String> = (0..plan.keys.max(1))
         .map(|i| format!("Bearer {}", bench_key(plan.key_seed, i)))
         .collect();
@@ -156,9 +161,9 @@ pub async fn run_load(plan: &LoadPlan) -> LoadReport {
     // timer wheel has 1 ms ticks, which would send requests in 1 ms clumps and charge up
     // to a millisecond of the generator's own lateness to the server under test.
     let handle = tokio::runtime::Handle::current();
-    let interval_ns = 1e9 / plan.rate.max(1) as f64;
+    let interval_ns = 1e9 / (plan.rate.max(1) * n_targets) as f64;
     let start = Instant::now();
-    let (target, path, timeout) = (plan.target.clone(), plan.path.clone(), plan.timeout);
+    let (targets, path, timeout) = (plan.targets.clone(), plan.path.clone(), plan.timeout);
     let scheduler = std::thread::spawn(move || {
         let mut handles = Vec::with_capacity(total as usize);
         for i in 0..total {
@@ -168,7 +173,7 @@ pub async fn run_load(plan: &LoadPlan) -> LoadReport {
                 std::thread::sleep(due - now);
             }
             let (client, keys, slots) = (client.clone(), Arc::clone(&keys), Arc::clone(&slots));
-            let uri = format!("{target}{path}");
+            let uri = format!("{}{path}", targets[(i % n_targets) as usize]);
             handles.push(handle.spawn(async move {
                 let permit = slots.acquire_owned().await.expect("semaphore never closes");
                 let req = Request::get(uri)
@@ -185,7 +190,7 @@ pub async fn run_load(plan: &LoadPlan) -> LoadReport {
                     _ => 0,
                 };
                 drop(permit);
-                (status, due.elapsed())
+                (status, due.elapsed(), (i % n_targets) as usize)
             }));
         }
         handles
@@ -193,19 +198,28 @@ pub async fn run_load(plan: &LoadPlan) -> LoadReport {
     let handles = tokio::task::spawn_blocking(move || scheduler.join().expect("scheduler"))
         .await
         .expect("scheduler thread");
-    let mut report = LoadReport {
-        target: plan.target.clone(),
-        rate: plan.rate,
-        seconds: plan.seconds,
-        sent: total,
-        ..LoadReport::default()
-    };
-    let mut lat_ns: Vec<u64> = Vec::with_capacity(handles.len());
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut reports: Vec<(LoadReport, Vec<u64>)> = plan
+        .targets
+        .iter()
+        .map(|t| {
+            let report = LoadReport {
+                target: t.clone(),
+                rate: plan.rate,
+                seconds: plan.seconds,
+                sent: total / n_targets,
+                ..LoadReport::default()
+            };
+            (report, Vec::with_capacity((total / n_targets) as usize))
+        })
+        .collect();
     for h in handles {
-        let Ok((status, latency)) = h.await else {
-            report.errors += 1;
+        let Ok((status, latency, t)) = h.await else {
+            // A panicked request task: no target to book it to, so book the first.
+            reports[0].0.errors += 1;
             continue;
         };
+        let (report, lat_ns) = &mut reports[t];
         match status {
             200..=299 => report.ok += 1,
             429 => report.status_429 += 1,
@@ -214,20 +228,24 @@ pub async fn run_load(plan: &LoadPlan) -> LoadReport {
         }
         lat_ns.push(latency.as_nanos() as u64);
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    lat_ns.sort_unstable();
-    let q = |p: f64| {
-        lat_ns
-            .get(((lat_ns.len() as f64 * p) as usize).min(lat_ns.len().saturating_sub(1)))
-            .map(|&n| (n as f64 / 100.0).round() / 10.0)
-            .unwrap_or(0.0)
-    };
-    report.latency_us_p50 = q(0.50);
-    report.latency_us_p99 = q(0.99);
-    report.latency_us_p999 = q(0.999);
-    report.latency_us_max = lat_ns.last().map(|&n| n as f64 / 1_000.0).unwrap_or(0.0);
-    report.achieved_rate = (lat_ns.len() as f64 / elapsed * 10.0).round() / 10.0;
-    report
+    reports
+        .into_iter()
+        .map(|(mut report, mut lat_ns)| {
+            lat_ns.sort_unstable();
+            let q = |p: f64| {
+                lat_ns
+                    .get(((lat_ns.len() as f64 * p) as usize).min(lat_ns.len().saturating_sub(1)))
+                    .map(|&n| (n as f64 / 100.0).round() / 10.0)
+                    .unwrap_or(0.0)
+            };
+            report.latency_us_p50 = q(0.50);
+            report.latency_us_p99 = q(0.99);
+            report.latency_us_p999 = q(0.999);
+            report.latency_us_max = lat_ns.last().map(|&n| n as f64 / 1_000.0).unwrap_or(0.0);
+            report.achieved_rate = (lat_ns.len() as f64 / elapsed * 10.0).round() / 10.0;
+            report
+        })
+        .collect()
 }
 
 /// One request, for the demo and for tests: status, the headers that matter, and the body.

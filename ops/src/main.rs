@@ -78,10 +78,11 @@ struct BenchPolicyArgs {
 
 #[derive(clap::Args)]
 struct HttpArgs {
-    /// Base URL: `http://127.0.0.1:8080`.
-    #[arg(long)]
-    target: String,
-    /// Requests per second, open loop.
+    /// Base URL: `http://127.0.0.1:8080`. Repeat it for an interleaved A/B: arrivals
+    /// alternate between targets and each gets `--rate`; one JSON line per target.
+    #[arg(long, required = true)]
+    target: Vec<String>,
+    /// Requests per second per target, open loop.
     #[arg(long, default_value_t = 2_778)]
     rate: u64,
     #[arg(long, default_value_t = 10.0)]
@@ -131,6 +132,12 @@ struct FleetArgs {
     /// Drill: SIGKILL the worker holding shard 0 at this second.
     #[arg(long)]
     kill_owner_at: Option<f64>,
+    /// Drill: restart this many nodes (new epoch, zero credit, C9), 100 ms apart...
+    #[arg(long, default_value_t = 0)]
+    restart_nodes: u32,
+    /// ...starting at this second (default: half-way).
+    #[arg(long)]
+    restart_at: Option<f64>,
     /// Drill: stop the nats-server (only one this command started) at this second...
     #[arg(long)]
     bus_down_at: Option<f64>,
@@ -363,7 +370,11 @@ mod bench {
                 let at = Duration::from_secs_f64(at);
                 (at, at + Duration::from_secs_f64(a.bus_down_s))
             });
+            let restart_from =
+                Duration::from_secs_f64(a.restart_at.unwrap_or(a.seconds as f64 / 2.0));
+            let mut restarted = 0u32;
             let mut bus_state = 0u8; // 0 up, 1 down, 2 back
+            let (mut back_at, mut recovery_probe_ms) = (None::<Instant>, None::<u64>);
             let mut degraded_max = 0usize;
             let started = Instant::now();
             let mut run = drive_pinned(
@@ -374,6 +385,12 @@ mod bench {
                 Duration::from_secs(a.seconds),
                 &clock,
                 |t| {
+                    while restarted < a.restart_nodes.min(a.nodes)
+                        && t >= restart_from + Duration::from_millis(100 * u64::from(restarted))
+                    {
+                        nodes[restarted as usize].restart(bus_schemas::NodeEpoch(2));
+                        restarted += 1;
+                    }
                     if kill_at.is_some_and(|k| t >= k)
                         && let Some(i) = victim
                     {
@@ -386,6 +403,14 @@ mod bench {
                         } else if bus_state == 1 && t >= up {
                             srv.restart();
                             bus_state = 2;
+                            back_at = Some(Instant::now());
+                        }
+                    }
+                    // F7: the first moment the probe finds the fleet recovered.
+                    if let (Some(back), None) = (back_at, recovery_probe_ms) {
+                        let p = ops::fleet::RecoveryProbe::take(&nodes, clock());
+                        if p.recovered(25) {
+                            recovery_probe_ms = Some(back.elapsed().as_millis() as u64);
                         }
                     }
                     degraded_max =
@@ -431,6 +456,8 @@ mod bench {
                 "closed_key_windows": all.closed_key_windows,
                 "fast_path_share_pct": round4(fast as f64 * 100.0 / run.offered.max(1) as f64),
                 "invariant_violations": violations,
+                "recovery_probe_ms": recovery_probe_ms,
+                "restarted_nodes": restarted,
                 "wall_ms": (elapsed * 1_000.0) as u64,
                 "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),
                 "decision_latency_us_p99": percentile_us(&mut run.decision_ns, 0.99),
@@ -531,7 +558,11 @@ mod http_cmd {
 
     pub fn bench(a: HttpArgs) -> Result<()> {
         let plan = LoadPlan {
-            target: a.target.trim_end_matches('/').to_string(),
+            targets: a
+                .target
+                .iter()
+                .map(|t| t.trim_end_matches('/').to_string())
+                .collect(),
             rate: a.rate,
             seconds: a.seconds,
             keys: a.keys,
@@ -540,11 +571,13 @@ mod http_cmd {
             max_in_flight: a.max_in_flight,
             timeout: std::time::Duration::from_millis(a.timeout_ms),
         };
-        if plan.rate == 0 || plan.rate as f64 * plan.seconds > 10_000_000.0 {
-            bail!("--rate x --seconds must be 1..=10,000,000 requests");
+        let n = plan.targets.len() as f64;
+        if plan.rate == 0 || plan.rate as f64 * plan.seconds * n > 10_000_000.0 {
+            bail!("--rate x --seconds x targets must be 1..=10,000,000 requests");
         }
-        let report = runtime()?.block_on(http_tools::run_load(&plan));
-        println!("{}", serde_json::to_string(&report)?);
+        for report in runtime()?.block_on(http_tools::run_load(&plan)) {
+            println!("{}", serde_json::to_string(&report)?);
+        }
         Ok(())
     }
 

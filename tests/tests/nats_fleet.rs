@@ -277,6 +277,7 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
     let mut state = 0; // 0 up, 1 down, 2 back
     let mut degraded_seen = 0usize;
     let (mut down_ms, mut up_ms, mut recovered_ms) = (0u64, 0u64, None::<u64>);
+    let (mut probed_ms, mut probe) = (None::<u64>, None);
     let run = drive_pinned(
         &nodes,
         KEYS,
@@ -297,6 +298,15 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
                 state = 2;
             } else if state == 2 && recovered_ms.is_none() && degraded == 0 {
                 recovered_ms = Some(clock().wall_ms - up_ms);
+            }
+            // F7: recovery as the probe sees it, not as the nodes' own flags say.
+            if state == 2 && probed_ms.is_none() {
+                let now = clock();
+                let p = foldgate_tests::nats::RecoveryProbe::take(&nodes, now);
+                if p.recovered(25) {
+                    probed_ms = Some(now.wall_ms - up_ms);
+                    probe = Some(p);
+                }
             }
         },
     )
@@ -332,7 +342,7 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
     eprintln!(
         "bus down {} ms; degraded nodes at most {degraded_seen}; self-grants {self_grants}; \
          admitted inside the outage {during}; back to not-degraded {recovered_ms:?} ms after \
-         the bus; {}",
+         the bus; recovery probe passed {probed_ms:?} ms after ({probe:?}); {}",
         up_ms - down_ms,
         run.summary()
     );
@@ -349,8 +359,14 @@ async fn the_bus_stopped_past_the_degraded_threshold_nodes_keep_deciding_and_rec
         "nodes kept deciding while the bus was down (F1, F3)"
     );
     let recovered = recovered_ms.expect("the degraded flag cleared after the bus came back");
-    // F7: normal again within 3 rounds of the bus coming back.
+    // Normal again within 3 rounds of the bus coming back, by the nodes' flags and, F7,
+    // by the probe: fold age under a round everywhere, one owner epoch per shard, books
+    // reconciled to allowance.
     assert!(recovered <= 3 * 25, "recovered after {recovered} ms");
+    let probed = probed_ms.expect("the recovery probe passed after the bus came back");
+    assert!(probed <= 3 * 25, "probe passed after {probed} ms");
+    let probe = probe.expect("taken");
+    assert!(probe.key_windows > 0 && probe.shards == NODES);
     assert!(
         acc.over_admission_pct_max <= 2.0,
         "over {}%",
