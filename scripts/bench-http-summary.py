@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises ./scripts/bench-http.sh output (stdin): medians over reps, the limiter's
-added latency as the median of per-rep (on - off) differences, the proxy hop as
-(off - direct), the in-process histogram's quantile buckets, and max-throughput ratios."""
+added latency as the median of per-rep (on - off) differences within an interleaved pair,
+the proxy hop as (off - direct) within the second pair, the in-process histogram's quantile buckets, and max-throughput ratios."""
 import json, re, statistics, sys
 
 runs, hist, oha = {}, [], {}
@@ -11,7 +11,7 @@ for line in sys.stdin:
     if m:
         hist.append((m.group(1), int(m.group(2))))
         continue
-    if line.startswith('#') or not line:
+    if not line.startswith("{"):
         if line.startswith('# machine'):
             print(line)
         continue
@@ -22,7 +22,7 @@ for line in sys.stdin:
         oha.setdefault(d['run'], []).append(d)
 
 med = statistics.median
-for name in ('direct', 'limiter_off', 'limiter_on'):
+for name in ('direct', 'limiter_off_b', 'limiter_off', 'limiter_on'):
     rs = list(runs.get(name, {}).values())
     if rs:
         print(f"{name:12} reps {len(rs)}  median p50 {med(r['latency_us_p50'] for r in rs):7.1f} us"
@@ -34,7 +34,7 @@ def diff(a, b, q):
     return (med(ds), ds) if ds else (float('nan'), [])
 for q in ('latency_us_p50', 'latency_us_p99', 'latency_us_p999'):
     m, ds = diff('limiter_on', 'limiter_off', q)
-    h, hs = diff('limiter_off', 'direct', q)
+    h, hs = diff('limiter_off_b', 'direct', q)
     print(f"{q[11:]:5}: limiter adds {m:+7.1f} us (per rep {', '.join(f'{x:+.0f}' for x in ds)});"
           f" proxy hop {h:+7.1f} us (per rep {', '.join(f'{x:+.0f}' for x in hs)})")
 if hist:
@@ -42,9 +42,11 @@ if hist:
     for q in (0.5, 0.99, 0.999):
         le = next(le for le, c in hist if c >= q * total)
         print(f"in-process limiter time p{q*100:g}: <= {float(le)*1e6:g} us ({total} decisions)")
-on, off = oha.get('oha_max_limiter_on', []), oha.get('oha_max_limiter_off', [])
+on = {d['rep']: d for d in oha.get('oha_max_limiter_on', [])}
+off = {d['rep']: d for d in oha.get('oha_max_limiter_off', [])}
 if on and off:
-    ratios = [a['rps'] / b['rps'] for a, b in zip(on, off)]
+    ratios = [on[r]['rps'] / off[r]['rps'] for r in sorted(set(on) & set(off))]
+    on, off = list(on.values()), list(off.values())
     print(f"max throughput (oha, 64 conns): on median {med(x['rps'] for x in on):.0f} req/s, off median"
           f" {med(x['rps'] for x in off):.0f} req/s; on/off per rep {', '.join(f'{r:.3f}' for r in ratios)};"
           f" median {med(ratios):.3f}")

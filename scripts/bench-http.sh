@@ -39,13 +39,21 @@ bench() { "$BIN/foldgate" bench http --target "http://127.0.0.1:$1" --rate "$2" 
 echo "# machine: $(nproc) vCPU, $(uname -r); rate $RATE req/s, $SECONDS_PER_RUN s per run, $REPS reps"
 # Warm-up: connections pooled, buckets created and credited.
 for p in $UP $ON $OFF; do bench $p $RATE 2 >/dev/null; done
+name_of() { case $1 in $UP) echo "$2";; $ON) echo limiter_on;; $OFF) echo "limiter_off${OFFB:+_b}";; esac; }
+# Each rep is two paired runs. In a pair, arrivals interleave between two targets (each at
+# $RATE req/s), so both sides see the same moments of a shared 2-vCPU machine: on vs off
+# (the limiter's cost), then off vs direct (the proxy hop). The order in a pair turns each
+# rep, so any first-target bias cancels out.
+pair() { # rep a b upstream-name
+  bench "$2" $RATE "$SECONDS_PER_RUN" --target "http://127.0.0.1:$3" | {
+    read -r first; read -r second
+    echo "{\"run\":\"$(name_of "$2" "$4")\",\"rep\":$1,\"report\":$first}"
+    echo "{\"run\":\"$(name_of "$3" "$4")\",\"rep\":$1,\"report\":$second}"
+  }
+}
 for r in $(seq "$REPS"); do
-  # The order turns each rep (ABC, CBA, ...), so drift on a shared machine cancels out.
-  if [ $((r % 2)) = 1 ]; then ORDER="$UP $ON $OFF"; else ORDER="$OFF $ON $UP"; fi
-  for p in $ORDER; do
-    case $p in $UP) name=direct;; $ON) name=limiter_on;; $OFF) name=limiter_off;; esac
-    echo "{\"run\":\"$name\",\"rep\":$r,\"report\":$(bench $p $RATE "$SECONDS_PER_RUN")}"
-  done
+  if [ $((r % 2)) = 1 ]; then pair "$r" $ON $OFF direct; OFFB=1 pair "$r" $OFF $UP direct
+  else pair "$r" $OFF $ON direct; OFFB=1 pair "$r" $UP $OFF direct; fi
 done
 # The node's own histogram of time spent in the limiter, for the same runs.
 curl -fs "http://127.0.0.1:$ONA/metrics" | grep -E '^foldgate_(limiter_added_latency_seconds_(bucket|count|sum)|fast_path_triggered_total|decisions_total)' | sed 's/^/# /'
@@ -54,7 +62,8 @@ curl -fs "http://127.0.0.1:$ONA/metrics" | grep -E '^foldgate_(limiter_added_lat
 KEY=$("$BIN/foldgate" bench-key --key-seed 1 --index 0)
 if command -v oha >/dev/null; then
   for r in $(seq "$REPS"); do
-    for p in $ON $OFF; do
+    if [ $((r % 2)) = 1 ]; then ORDER="$ON $OFF"; else ORDER="$OFF $ON"; fi
+    for p in $ORDER; do
       name=$([ $p = $ON ] && echo limiter_on || echo limiter_off)
       out=$(oha -z "${MAX_SECONDS:-5}s" -c 64 --no-tui --output-format json -H "Authorization: Bearer $KEY" "http://127.0.0.1:$p/" 2>/dev/null)
       echo "{\"run\":\"oha_max_$name\",\"rep\":$r,\"rps\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["summary"]["requestsPerSec"],1))'),\"p50_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p50"]*1e6,1))'),\"p99_us\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(round(d["latencyPercentiles"]["p99"]*1e6,1))'),\"status\":$(echo "$out" | python3 -c 'import json,sys;d=json.load(sys.stdin);print(json.dumps(d["statusCodeDistribution"]))')}"

@@ -390,6 +390,9 @@ mod bench {
                     {
                         nodes[restarted as usize].restart(bus_schemas::NodeEpoch(2));
                         restarted += 1;
+                        if restarted == a.restart_nodes.min(a.nodes) {
+                            back_at = Some(Instant::now());
+                        }
                     }
                     if kill_at.is_some_and(|k| t >= k)
                         && let Some(i) = victim
