@@ -123,6 +123,8 @@ pub struct NodeBus {
     pub stats: Arc<NodeBusStats>,
     tasks: Vec<JoinHandle<()>>,
     policy: watch::Sender<Arc<PolicyIndex>>,
+    /// Woken whenever a fast path's answer is in, for requests that joined it.
+    fast_path_done: tokio::sync::Notify,
 }
 
 fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> {
@@ -244,6 +246,7 @@ impl NodeBus {
             stats,
             tasks: vec![grant_task, tick_task, publish_task],
             policy: watch::channel(Arc::new(PolicyIndex::default())).0,
+            fast_path_done: tokio::sync::Notify::new(),
         })
     }
 
@@ -322,9 +325,37 @@ impl NodeBus {
     /// books the request (the oracle in `bench fleet`) books it where it was charged.
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
+            Decision::FastPath(need) if need.join => self.join_fast_path(now, need, policy).await,
             Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
         }
+    }
+
+    /// Waits, within the same deadline as its own fast path would have had, for the
+    /// request that is asking the owner for this key; then decides on what it brought.
+    async fn join_fast_path(
+        &self,
+        now: Now,
+        need: crate::surface::FastPathNeed,
+        policy: &KeyPolicy,
+    ) -> Decision {
+        let deadline = tokio::time::Instant::now() + FAST_PATH_DEADLINE;
+        let mut missed = false;
+        loop {
+            // Armed before the check, so an answer landing in between still wakes us.
+            let done = self.fast_path_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.surface.fast_path_pending(need.key) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                missed = true;
+                break;
+            }
+        }
+        self.surface
+            .decide_after_fast_path(need.key, now.wall_ms, policy, missed)
     }
 
     async fn fast_path(
@@ -381,8 +412,11 @@ impl NodeBus {
                 .fast_path_deadline_missed
                 .fetch_add(1, Ordering::Relaxed);
         }
-        self.surface
-            .decide_after_fast_path(need.key, now.wall_ms, policy, missed)
+        let d = self
+            .surface
+            .decide_after_fast_path(need.key, now.wall_ms, policy, missed);
+        self.fast_path_done.notify_waiters();
+        d
     }
 }
 

@@ -144,9 +144,26 @@ impl EmbeddedBus {
     /// fast path is a function call and never misses its deadline.
     pub fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
+            Decision::FastPath(need) if need.join => self.join_fast_path(now, need, policy),
             Decision::FastPath(need) => self.fast_path(now, need, policy),
             d => d,
         }
+    }
+
+    /// Another request holds (or is about to take) the books lock to ask the owner for
+    /// this key. Its answer is a function call away, so wait on the lock a bounded few
+    /// times rather than deny; the decision path itself never takes this lock (D4).
+    fn join_fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
+        const JOIN_TRIES: u32 = 64;
+        for _ in 0..JOIN_TRIES {
+            if !self.surface.fast_path_pending(need.key) {
+                break;
+            }
+            drop(lock(&self.books));
+            std::thread::yield_now();
+        }
+        self.surface
+            .decide_after_fast_path(need.key, now.wall_ms, policy, false)
     }
 
     fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {

@@ -758,6 +758,10 @@ impl NodeLimiter {
     /// Returns how many requests went out (one per short window, each to its own owner);
     /// 0 means the caller should decide at once, as no owner is reachable (F2).
     pub fn handle_fast_path_need(&mut self, now: Now, need: FastPathNeed) -> usize {
+        if need.join {
+            // Another request is already asking for this key this round (D5).
+            return 0;
+        }
         let Some(bucket) = self.surface.get(&need.key) else {
             return 0;
         };

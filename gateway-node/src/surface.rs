@@ -7,7 +7,7 @@
 //! and one compare-and-swap per window. No allocation, no syscall, no await.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use bus_schemas::limits::PLAN_WINDOWS_MAX;
 use bus_schemas::{KeyId, LimitReason, WindowId};
@@ -74,6 +74,11 @@ pub struct KeyBucket {
     /// refused one fast path: a harmless, rare false positive that buys the line its room.
     pub(crate) fast_path_round: AtomicU16,
     window_count: u8,
+    /// A fast path for this key is in flight (set by the request that won the round's
+    /// fast path, cleared when it re-decides). A request that finds the key short while
+    /// it is set waits for that answer instead of drawing a 429 (D5 stays one request to
+    /// the owner per key per round). It fills what was padding.
+    fast_path_inflight: AtomicBool,
     cells: [WindowCell; INLINE_WINDOWS],
     cold: Box<ColdBucket>,
 }
@@ -116,6 +121,7 @@ impl KeyBucket {
             // One tag short of round 0, so the first round's fast path is never refused.
             fast_path_round: AtomicU16::new(u16::MAX),
             window_count: policy.windows().len() as u8,
+            fast_path_inflight: AtomicBool::new(false),
             cells: std::array::from_fn(|i| new_cell(key, &policy, i)),
             cold: Box::new(ColdBucket {
                 policy,
@@ -184,6 +190,9 @@ pub struct FastPathNeed {
     pub key: KeyId,
     /// Window slots (bit i = plan window i) that had no credit.
     pub short_windows: u8,
+    /// Another request's fast path for this key is in flight this round: send nothing,
+    /// wait (within the same deadline) until `fast_path_pending` clears, then re-decide.
+    pub join: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +238,8 @@ pub struct SurfaceStats {
     pub fail_open: AtomicU64,
     pub backstop_denied: AtomicU64,
     pub fast_path_triggered: AtomicU64,
+    /// Requests that waited on another request's fast path instead of being denied.
+    pub fast_path_joined: AtomicU64,
     /// New keys refused a bucket because the map was full of credit-holding buckets.
     pub inserts_refused: AtomicU64,
     pub evictions: AtomicU64,
@@ -370,10 +381,19 @@ impl DecisionSurface {
         }
         match self.buckets.get(&key) {
             Some(bucket) => {
+                // The answer (or its deadline) is in; joiners may re-decide too.
+                bucket.fast_path_inflight.store(false, Ordering::Release);
                 self.decide_in(&bucket, key, wall_ms, policy, flags, false, deadline_missed)
             }
             None => self.fail_open(key, wall_ms, policy),
         }
+    }
+
+    /// Whether a fast path for `key` is still in flight (see `FastPathNeed::join`).
+    pub fn fast_path_pending(&self, key: KeyId) -> bool {
+        self.buckets
+            .get(&key)
+            .is_some_and(|b| b.fast_path_inflight.load(Ordering::Acquire))
     }
 
     #[inline]
@@ -510,10 +530,27 @@ impl DecisionSurface {
                     .compare_exchange(seen, round, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
+                bucket.fast_path_inflight.store(true, Ordering::Release);
                 self.stats
                     .fast_path_triggered
                     .fetch_add(1, Ordering::Relaxed);
-                return Decision::FastPath(FastPathNeed { key, short_windows });
+                return Decision::FastPath(FastPathNeed {
+                    key,
+                    short_windows,
+                    join: false,
+                });
+            }
+            // Only within the round the fast path was taken: a flag left set by a request
+            // that was dropped mid-flight stops being joined at the next round.
+            if bucket.fast_path_round.load(Ordering::Relaxed) == round
+                && bucket.fast_path_inflight.load(Ordering::Acquire)
+            {
+                self.stats.fast_path_joined.fetch_add(1, Ordering::Relaxed);
+                return Decision::FastPath(FastPathNeed {
+                    key,
+                    short_windows,
+                    join: true,
+                });
             }
         }
         self.stats.denied.fetch_add(1, Ordering::Relaxed);

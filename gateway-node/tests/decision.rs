@@ -187,16 +187,25 @@ fn fast_path_is_taken_once_per_round_then_denies() {
     let k = key(7);
     node.handle_tick(T0);
     assert!(
-        matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 1)
+        matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.short_windows == 1 && !n.join)
     );
-    assert!(matches!(
-        surface.decide(k, T0.wall_ms, &policy),
-        Decision::Deny(_)
-    ));
+    // While that fast path is in flight, a second request for the key joins it (sends
+    // nothing, waits for its answer) rather than drawing a 429 (D5).
+    assert!(surface.fast_path_pending(k));
+    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if n.join));
+    while node.poll_transmit().is_some() {} // the tick's reports
+    assert_eq!(node.handle_fast_path_need(T0, need_join(k)), 0);
+    assert!(node.poll_transmit().is_none(), "a joiner sends nothing");
     let Decision::Deny(d) = surface.decide_after_fast_path(k, T0.wall_ms, &policy, true) else {
         panic!()
     };
     assert_eq!(d.reason, LimitReason::FastPathDeadline);
+    // The answer is in: later requests this round are denied outright, not joined.
+    assert!(!surface.fast_path_pending(k));
+    assert!(matches!(
+        surface.decide(k, T0.wall_ms, &policy),
+        Decision::Deny(_)
+    ));
     // Not exhausted, only short here: the wait is to the next round, not the boundary.
     assert!(d.wait_ms <= 25);
     let next = bus_schemas::Now {
@@ -318,4 +327,12 @@ fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
     // k0 (zero credit left) may have gone; its spend of 3 is still on the book.
     assert_eq!(node.line_for(&kw0).unwrap().cumulative_spend, 3);
     node.check_invariants().unwrap();
+}
+
+fn need_join(key: bus_schemas::KeyId) -> gateway_node::surface::FastPathNeed {
+    gateway_node::surface::FastPathNeed {
+        key,
+        short_windows: 1,
+        join: true,
+    }
 }

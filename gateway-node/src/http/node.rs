@@ -256,7 +256,8 @@ pub enum RuntimeError {
 /// Where the limiter's rounds run.
 pub enum Runtime {
     Embedded(EmbeddedBus),
-    Nats(NodeBus),
+    // Boxed: the NATS runtime is several times the embedded one.
+    Nats(Box<NodeBus>),
 }
 
 impl Runtime {
@@ -316,7 +317,7 @@ impl Runtime {
         let client = options.connect(&settings.nats_url).await?;
         let mut bus = NodeBus::start(client, limiter, clock, shutdown).await?;
         bus.watch_policy(subjects::POLICY_BUCKET).await?;
-        Ok(Self::Nats(bus))
+        Ok(Self::Nats(Box::new(bus)))
     }
 }
 
@@ -462,6 +463,12 @@ impl NodeGateway {
             "foldgate_fast_path_triggered_total",
             "Decisions that took the fast path (D5).",
             st.fast_path_triggered.load(Ordering::Relaxed),
+        );
+        metrics::counter(
+            &mut out,
+            "foldgate_fast_path_joined_total",
+            "Decisions that waited on another request's fast path for the same key (D5).",
+            st.fast_path_joined.load(Ordering::Relaxed),
         );
         metrics::counter(
             &mut out,
