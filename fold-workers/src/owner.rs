@@ -215,6 +215,9 @@ impl Ledger {
 struct NodeSeen {
     last_seen_mono_ms: u64,
     withheld_until_mono_ms: u64,
+    /// The node epoch and round (`ReportBatch::seq`) of its last report here.
+    last_epoch: NodeEpoch,
+    last_round: u64,
 }
 
 pub struct FoldOwner {
@@ -298,19 +301,35 @@ impl FoldOwner {
                 .is_some_and(|n| now.mono_ms < n.withheld_until_mono_ms)
     }
 
-    fn see_node(&mut self, node: NodeId, now: Now) {
+    /// C8, on every report batch. Absent means the owner missed rounds of the node's
+    /// reports: a silence here *and* a jump in the node's own round counter (or a new
+    /// node epoch). A node whose rounds ran late (a stalled process, a starved task, or
+    /// this owner stalled itself) sends its next round in sequence: it ran no round in
+    /// between, so it cannot have self-granted (F4 self-grants happen in a round and are
+    /// reported in that round's batch, which `merge` checks). Withholding it anyway cost
+    /// false 429s under CPU load on a healthy node (BENCHMARKS.md, issue 5).
+    fn see_node(&mut self, node: NodeId, epoch: NodeEpoch, round: u64, now: Now) {
         let absent_ms = self.config.absent_after_rounds * self.round_ms();
         let withhold_ms = self.config.withhold_rounds * self.round_ms();
         let seen = self.nodes.entry(node).or_insert(NodeSeen {
             last_seen_mono_ms: now.mono_ms,
             withheld_until_mono_ms: 0,
+            last_epoch: epoch,
+            last_round: round,
         });
-        if now.mono_ms.saturating_sub(seen.last_seen_mono_ms) > absent_ms {
+        let silent = now.mono_ms.saturating_sub(seen.last_seen_mono_ms) > absent_ms;
+        let rounds_missed = seen.last_epoch != epoch
+            || round.saturating_sub(seen.last_round) > self.config.absent_after_rounds;
+        if silent && rounds_missed {
             // C8: it may have self-granted while away; grant nothing until a full round of
             // its reports has shown what it holds.
             seen.withheld_until_mono_ms = now.mono_ms + withhold_ms;
         }
-        seen.last_seen_mono_ms = now.mono_ms;
+        if seen.last_epoch != epoch || round >= seen.last_round {
+            seen.last_seen_mono_ms = now.mono_ms;
+            seen.last_epoch = epoch;
+            seen.last_round = round;
+        }
     }
 
     /// Merge one report line (C3): max-sequence-wins within a node epoch, lines of
@@ -383,7 +402,7 @@ impl FoldOwner {
         }
         self.stats.batches += 1;
         self.stats.entries += batch.entries.len() as u64;
-        self.see_node(batch.node, now);
+        self.see_node(batch.node, batch.node_epoch, batch.seq, now);
         if batch.owner_epoch_seen >= self.epoch {
             self.acked.insert(batch.node);
         }
@@ -571,7 +590,9 @@ impl FoldOwner {
             self.stats.batches_misrouted += 1;
             return reply(FastPathOutcome::Withheld);
         }
-        self.see_node(req.node, now);
+        // No `see_node` here: a fast-path request carries no round, and the line it
+        // carries is merged below, so a self-grant on this key-window is seen (F4) before
+        // any credit for it is sized.
         // The request's line is a consistent snapshot; merge it as the newest we have, at
         // the same sequence as the last report so the next report still supersedes it.
         let seq = self

@@ -220,6 +220,9 @@ impl KeyTrack {
 struct ShardLink {
     owner_epoch_seen: OwnerEpoch,
     last_contact_mono_ms: u64,
+    /// This node's round at that contact: a round missed is one this node reported in
+    /// and heard nothing back for, not wall time alone (see `link_health`).
+    last_contact_round: u64,
     /// The owner epoch this node's reports acknowledge (C8 takeover fence). It trails
     /// `owner_epoch_seen` until a report of *every* line of the shard has been queued: a
     /// new owner rebuilds its ledger from reports, and a line that had not changed would
@@ -277,6 +280,7 @@ impl NodeLimiter {
             .map(|_| ShardLink {
                 owner_epoch_seen: OwnerEpoch(0),
                 last_contact_mono_ms: now.mono_ms,
+                last_contact_round: 0,
                 acked_epoch: OwnerEpoch(0),
                 full_report_due: false,
             })
@@ -320,14 +324,21 @@ impl NodeLimiter {
         &self.surface
     }
 
+    /// F1-F5. Silent (no fast path, self-grants at boundaries) takes both the time and
+    /// this node's own rounds: a node whose round task ran late (CPU starved) sent no
+    /// report to be answered, so the owner's quiet is not a missed round. Counting wall
+    /// time alone cut its fast path exactly when its credit ran short (false 429s,
+    /// BENCHMARKS.md issue 5). Degraded stays wall time: 30 s of silence is degraded
+    /// whatever the cause.
     pub fn link_health(&self, shard: ShardId, now: Now) -> LinkHealth {
-        let silent_ms = now
-            .mono_ms
-            .saturating_sub(self.links[shard.0 as usize].last_contact_mono_ms);
+        let link = &self.links[shard.0 as usize];
+        let silent_ms = now.mono_ms.saturating_sub(link.last_contact_mono_ms);
+        let rounds_unanswered = self.round.saturating_sub(link.last_contact_round);
+        let missed = u64::from(self.config.missed_rounds_limit);
         if silent_ms >= self.config.degraded_after_ms {
             LinkHealth::Degraded
-        } else if silent_ms
-            >= u64::from(self.config.missed_rounds_limit) * u64::from(self.config.round_ms)
+        } else if silent_ms >= missed * u64::from(self.config.round_ms)
+            && rounds_unanswered >= missed
         {
             LinkHealth::Silent
         } else {
@@ -773,52 +784,69 @@ impl NodeLimiter {
             .map(|(i, w)| (i, w.length_ms, w.limit))
             .collect();
         drop(bucket);
+        let round_ms = u64::from(self.config.round_ms);
         let mut sent = 0;
         for (slot, length_ms, limit) in windows {
             if need.short_windows & (1 << slot) == 0 {
                 continue;
             }
-            let kw = KeyWindow {
+            let current = KeyWindow {
                 key: need.key,
                 window: window_at(need.key, length_ms, now.wall_ms),
             };
-            let shard = kw.shard(self.config.shards);
-            if self.link_health(shard, now) != LinkHealth::Healthy
-                || self.pending.len() >= self.config.pending_fast_path_cap
-            {
-                self.stats.fast_path_unreachable += 1;
-                continue;
+            sent += usize::from(self.send_fast_path(now, current, slot, limit));
+            if window_end_ms(need.key, current.window).saturating_sub(now.wall_ms) <= round_ms {
+                // The window ends before the next round: credit for it alone would leave
+                // the next window's first requests short with this round's ask spent
+                // (D5), a round of 429s at the boundary. Ask for the next one too, in
+                // the same round, as the tick's prefetch would have.
+                let next = KeyWindow {
+                    key: need.key,
+                    window: next_window(current.window),
+                };
+                sent += usize::from(self.send_fast_path(now, next, slot, limit));
             }
-            if !self.ensure_record(now, kw, slot, limit) {
-                continue;
-            }
-            let surface = Arc::clone(&self.surface);
-            if let Some(bucket) = surface.get(&need.key) {
-                self.install(need.key, &bucket, kw);
-            }
-            let rec = &self.records[&kw];
-            let entry = self.line(&kw, rec);
-            let request_id = self.next_request_id;
-            self.next_request_id += 1;
-            self.pending.insert(
-                request_id,
-                PendingFastPath {
-                    kw,
-                    sent_mono_ms: now.mono_ms,
-                },
-            );
-            self.outbox.push_back(Transmit::FastPath(FastPathRequest {
-                node: self.config.node,
-                node_epoch: self.epoch,
-                shard,
-                request_id,
-                owner_epoch_seen: self.links[shard.0 as usize].owner_epoch_seen,
-                entry,
-            }));
-            self.stats.fast_path_sent += 1;
-            sent += 1;
         }
         sent
+    }
+
+    /// One D5 request for `kw`; false when the link is not healthy or the caps are hit.
+    fn send_fast_path(&mut self, now: Now, kw: KeyWindow, slot: usize, limit: u64) -> bool {
+        let shard = kw.shard(self.config.shards);
+        if self.link_health(shard, now) != LinkHealth::Healthy
+            || self.pending.len() >= self.config.pending_fast_path_cap
+        {
+            self.stats.fast_path_unreachable += 1;
+            return false;
+        }
+        if !self.ensure_record(now, kw, slot, limit) {
+            return false;
+        }
+        let surface = Arc::clone(&self.surface);
+        if let Some(bucket) = surface.get(&kw.key) {
+            self.install(kw.key, &bucket, kw);
+        }
+        let rec = &self.records[&kw];
+        let entry = self.line(&kw, rec);
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        self.pending.insert(
+            request_id,
+            PendingFastPath {
+                kw,
+                sent_mono_ms: now.mono_ms,
+            },
+        );
+        self.outbox.push_back(Transmit::FastPath(FastPathRequest {
+            node: self.config.node,
+            node_epoch: self.epoch,
+            shard,
+            request_id,
+            owner_epoch_seen: self.links[shard.0 as usize].owner_epoch_seen,
+            entry,
+        }));
+        self.stats.fast_path_sent += 1;
+        true
     }
 
     pub fn handle_fast_path_reply(&mut self, now: Now, reply: &FastPathReply) {
@@ -877,6 +905,7 @@ impl NodeLimiter {
         }
         link.owner_epoch_seen = epoch;
         link.last_contact_mono_ms = now.mono_ms;
+        link.last_contact_round = self.round;
         true
     }
 

@@ -460,7 +460,6 @@ impl DecisionSurface {
                 credit::tag_of(w.number),
             );
         }
-        let round = self.round.load(Ordering::Relaxed);
         self.deny_or_fast_path(
             bucket,
             key,
@@ -469,7 +468,6 @@ impl DecisionSurface {
             first_short,
             fast_path_allowed,
             deadline_missed,
-            round,
         )
     }
 
@@ -484,7 +482,6 @@ impl DecisionSurface {
         first_short: usize,
         fast_path_allowed: bool,
         deadline_missed: bool,
-        round: u64,
     ) -> Decision {
         // Every window without credit here could deny the retry, not only the one that
         // did (ADR-6). One that the owner has declared exhausted frees up only at its
@@ -522,7 +519,7 @@ impl DecisionSurface {
         // An owner that declared every short window exhausted has nothing to give: asking
         // again each round would only spend the fast-path budget (A48).
         if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !all_short_exhausted {
-            let round = round_tag(round);
+            let round = round_tag(self.fast_path_round_at(wall_ms));
             let seen = bucket.fast_path_round.load(Ordering::Relaxed);
             if seen != round
                 && bucket
@@ -628,6 +625,18 @@ impl DecisionSurface {
 
     pub(crate) fn set_degraded(&self, on: bool) {
         self.set_flag(FLAG_DEGRADED, on);
+    }
+
+    /// D5's round for the once-per-round fast path: the reconciler's round, advanced by
+    /// whole rounds of wall time since it began. A round task that runs late (a starved
+    /// CPU) would otherwise stretch one round's single ask over the whole stall, and a
+    /// window boundary inside it would start the new window with no credit and no way
+    /// to ask: false 429s until the late tick (BENCHMARKS.md, issue 5).
+    #[cold]
+    fn fast_path_round_at(&self, wall_ms: u64) -> u64 {
+        let round = self.round.load(Ordering::Relaxed);
+        let began_ms = self.heartbeat_wall_ms.load(Ordering::Relaxed);
+        round + wall_ms.saturating_sub(began_ms) / u64::from(self.config.round_ms)
     }
 
     pub(crate) fn publish_round(&self, round: u64, wall_ms: u64, next_round_wall_ms: u64) {
