@@ -10,15 +10,16 @@
 //! credit it and earlier owners issued, net of what nodes returned, never exceeds the
 //! allowance less the unreleased reserve. An owner that finds it broken halts: it stops
 //! issuing credit rather than guess.
-
 //!
-//! [`service::run_fold_worker`] drives owners over real NATS (issue 4).
+//! [`service::run_fold_worker`] drives owners over real NATS (issue 4);
+//! [`metrics`] renders its bus metrics for Prometheus (F6) and serves the scrape endpoint.
 //!
 //! C10: [`hot::HotKeys`] picks the few keys causing most of the shard's fold work each
 //! round; their report entries are folded once per round at the tick (the hot lane), so a
 //! hot key's report storm cannot delay grants for the other keys.
 
 pub mod hot;
+pub mod metrics;
 pub mod owner;
 pub mod service;
 

@@ -17,6 +17,7 @@ use bus_schemas::{Envelope, FastPathRequest, GrantBatch, Now, OwnerEpoch, Report
 use futures::StreamExt;
 use tokio::sync::watch;
 
+use crate::metrics::{Histogram, NodeRates, REJECT_REASONS};
 use crate::owner::{FoldOwner, OwnerConfig};
 
 pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
@@ -29,7 +30,13 @@ pub enum FoldWorkerError {
     Shard(u32),
 }
 
-#[derive(Debug, Default)]
+/// Fold-age buckets, ms: a round is 25 ms, F7 asks for under one, A57 for under two.
+const FOLD_AGE_BOUNDS_MS: &[u64] = &[1, 2, 5, 10, 25, 50, 100, 250, 1_000, 5_000];
+/// Grant-latency buckets, us (D4's budget is 2 ms for the whole decision).
+const GRANT_LATENCY_BOUNDS_US: &[u64] = &[10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000];
+
+/// What `metrics::render` exposes; shared with the worker's tasks, atomics only.
+#[derive(Debug)]
 pub struct FoldWorkerStats {
     pub reports: AtomicU64,
     pub fast_path_requests: AtomicU64,
@@ -41,6 +48,44 @@ pub struct FoldWorkerStats {
     pub leases_lost: AtomicU64,
     /// Valid envelopes for a shard this worker does not (or no longer) own.
     pub not_owned: AtomicU64,
+    /// `rejected`, split by `metrics::REJECT_REASONS`.
+    pub rejected_by_reason: [AtomicU64; REJECT_REASONS.len()],
+    pub shards_owned: AtomicU64,
+    pub node_rates: NodeRates,
+    pub fold_age_ms: Histogram,
+    pub grant_latency_us: Histogram,
+}
+
+impl Default for FoldWorkerStats {
+    fn default() -> Self {
+        Self {
+            reports: AtomicU64::new(0),
+            fast_path_requests: AtomicU64::new(0),
+            grant_batches_published: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            publish_errors: AtomicU64::new(0),
+            invariant_breaches: AtomicU64::new(0),
+            leases_taken: AtomicU64::new(0),
+            leases_lost: AtomicU64::new(0),
+            not_owned: AtomicU64::new(0),
+            rejected_by_reason: Default::default(),
+            shards_owned: AtomicU64::new(0),
+            node_rates: NodeRates::default(),
+            fold_age_ms: Histogram::new(FOLD_AGE_BOUNDS_MS),
+            grant_latency_us: Histogram::new(GRANT_LATENCY_BOUNDS_US),
+        }
+    }
+}
+
+impl FoldWorkerStats {
+    fn reject(&self, reason: &str) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        let i = REJECT_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(REJECT_REASONS.len() - 1);
+        self.rejected_by_reason[i].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 enum Inbound {
@@ -70,6 +115,9 @@ pub async fn run_fold_worker(
         epoch,
         takeover,
     } = assignment;
+    stats
+        .shards_owned
+        .store(shards.len() as u64, Ordering::Relaxed);
     let now = clock();
     let mut owners: BTreeMap<u32, FoldOwner> = BTreeMap::new();
     let mut streams = Vec::new();
@@ -159,6 +207,7 @@ async fn tick_round(
     owners: &mut impl Owners,
     now: Now,
 ) {
+    stats.node_rates.end_round();
     let mut out = Vec::new();
     for owner in owners.each() {
         owner.handle_tick(now);
@@ -180,17 +229,24 @@ async fn handle(
     m: Inbound,
 ) {
     let now = clock();
+    let arrived = std::time::Instant::now();
     match m {
         Inbound::Report(msg) => {
-            let Ok(batch) = ReportBatch::decode(&msg.payload) else {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
-                return;
+            let batch = match ReportBatch::decode(&msg.payload) {
+                Ok(b) => b,
+                Err(e) => return stats.reject(e.reason()),
             };
             let Some(owner) = owners.owner(batch.shard.0) else {
                 stats.not_owned.fetch_add(1, Ordering::Relaxed);
                 return;
             };
             stats.reports.fetch_add(1, Ordering::Relaxed);
+            stats.node_rates.report_from(batch.node.0);
+            // Clocks of node and worker differ by their skew (A50 allows 50 ms); a report
+            // from a node ahead of this worker reads as age 0.
+            stats
+                .fold_age_ms
+                .observe(now.wall_ms.saturating_sub(batch.sent_at_ms));
             owner.handle_report_batch(now, &batch);
             let grants: Vec<GrantBatch> = std::iter::from_fn(|| owner.poll_grant()).collect();
             for g in grants {
@@ -202,11 +258,17 @@ async fn handle(
                 };
                 publish_grant(client, stats, subject, &g).await;
             }
+            stats
+                .grant_latency_us
+                .observe(arrived.elapsed().as_micros() as u64);
         }
         Inbound::FastPath(msg) => {
-            let (Ok(req), Some(reply)) = (FastPathRequest::decode(&msg.payload), msg.reply) else {
-                stats.rejected.fetch_add(1, Ordering::Relaxed);
-                return;
+            let req = match FastPathRequest::decode(&msg.payload) {
+                Ok(r) => r,
+                Err(e) => return stats.reject(e.reason()),
+            };
+            let Some(reply) = msg.reply else {
+                return stats.reject("no_reply");
             };
             let Some(owner) = owners.owner(req.shard.0) else {
                 stats.not_owned.fetch_add(1, Ordering::Relaxed);
@@ -373,6 +435,7 @@ pub async fn run_elected_worker(
                 let before = held.len();
                 held.retain(|_, h| now.duration_since(h.renewed) < lease.ttl / 2);
                 stats.leases_lost.fetch_add((before - held.len()) as u64, Ordering::Relaxed);
+                stats.shards_owned.store(held.len() as u64, Ordering::Relaxed);
             }
             _ = rounds.tick() => tick_round(&client, &stats, &mut held, clock()).await,
             m = rx.recv() => {

@@ -776,18 +776,29 @@ impl NodeLimiter {
         let Some(bucket) = self.surface.get(&need.key) else {
             return 0;
         };
-        let windows: Vec<(usize, u32, u64)> = bucket
+        let round_ms = u64::from(self.config.round_ms);
+        let fleet = u64::from(self.config.fleet_size.max(1));
+        // (slot, length, limit, ask): a window short here, or one holding less than the
+        // owner's least fast-path grant (a round of its average pace per node). After an
+        // idle spell the reconciler has returned all but a few credits of every window;
+        // asking for the empty one alone left the other to run dry a moment later, with
+        // this round's ask spent: a round of 429s per idle spell (BENCHMARKS.md, issue 5).
+        let windows: Vec<(usize, u32, u64, bool)> = bucket
             .policy()
             .windows()
             .iter()
             .enumerate()
-            .map(|(i, w)| (i, w.length_ms, w.limit))
+            .map(|(i, w)| {
+                let pace = (w.limit * round_ms).div_ceil(u64::from(w.length_ms) * fleet);
+                let held = bucket.credit_in(i, window_at(need.key, w.length_ms, now.wall_ms));
+                let ask = need.short_windows & (1 << i) != 0 || held < pace;
+                (i, w.length_ms, w.limit, ask)
+            })
             .collect();
         drop(bucket);
-        let round_ms = u64::from(self.config.round_ms);
         let mut sent = 0;
-        for (slot, length_ms, limit) in windows {
-            if need.short_windows & (1 << slot) == 0 {
+        for (slot, length_ms, limit, ask) in windows {
+            if !ask {
                 continue;
             }
             let current = KeyWindow {

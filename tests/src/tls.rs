@@ -59,3 +59,35 @@ impl TestPki {
         }
     }
 }
+
+/// A nats-server config for `TestPki` files in `dir`: TLS with client certificates
+/// required and mapped to users by subject (`verify_and_map`), JetStream, and the two
+/// roles' permissions (A56). A gateway may publish reports and fast-path requests and
+/// never a grant; the fold role may publish grants and use JetStream key-value (its
+/// shard leases, `$KV.>` puts and `$JS.>` API calls).
+pub fn role_server_config(port: u16, dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"
+listen: "127.0.0.1:{port}"
+jetstream {{ store_dir: "{d}/js" }}
+tls {{
+  cert_file: "{d}/server.pem"
+  key_file: "{d}/server-key.pem"
+  ca_file: "{d}/ca.pem"
+  verify_and_map: true
+  timeout: 2
+}}
+authorization {{
+  users = [
+    {{ user: "CN=gateway", permissions: {{
+        publish: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>"] }}
+        subscribe: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+    {{ user: "CN=fold", permissions: {{
+        publish: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>", "$JS.>", "$KV.>"] }}
+        subscribe: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>", "foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+  ]
+}}
+"#
+    )
+}

@@ -6,35 +6,8 @@ use std::time::Duration;
 
 use bus_schemas::{Envelope, GrantBatch, NodeId, OwnerEpoch, ShardId, subjects};
 use foldgate_tests::nats::NatsServer;
-use foldgate_tests::tls::TestPki;
+use foldgate_tests::tls::{TestPki, role_server_config as server_config};
 use futures::StreamExt;
-
-fn server_config(port: u16, dir: &std::path::Path) -> String {
-    let d = dir.display();
-    format!(
-        r#"
-listen: "127.0.0.1:{port}"
-jetstream {{ store_dir: "{d}/js" }}
-tls {{
-  cert_file: "{d}/server.pem"
-  key_file: "{d}/server-key.pem"
-  ca_file: "{d}/ca.pem"
-  verify_and_map: true
-  timeout: 2
-}}
-authorization {{
-  users = [
-    {{ user: "CN=gateway", permissions: {{
-        publish: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>"] }}
-        subscribe: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
-    {{ user: "CN=fold", permissions: {{
-        publish: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>", "$JS.>"] }}
-        subscribe: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>", "foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
-  ]
-}}
-"#
-    )
-}
 
 async fn connect_as(
     url: &str,

@@ -28,6 +28,19 @@ struct Args {
     /// Lease lifetime, ms; renewed every quarter of it.
     #[arg(long, default_value_t = 500)]
     lease_ms: u64,
+    /// mTLS to NATS (B2): the CA to trust (PEM). Setting it requires TLS.
+    #[arg(long)]
+    nats_ca_file: Option<std::path::PathBuf>,
+    /// This worker's certificate and key (PEM); the server maps the certificate to the
+    /// fold role, the only one allowed to publish grants (A56).
+    #[arg(long, requires = "nats_key_file")]
+    nats_cert_file: Option<std::path::PathBuf>,
+    #[arg(long, requires = "nats_cert_file")]
+    nats_key_file: Option<std::path::PathBuf>,
+    /// Address for Prometheus `GET /metrics` (F6); unset serves none. Keep it off the
+    /// public network.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -35,10 +48,16 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     // Reconnect within a round or two of the bus coming back (the default backoff took
     // seconds): every 10 ms for ~5 s, then every second.
-    let client = async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(|attempt| {
-            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
-        })
+    let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(|attempt| {
+        Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
+    });
+    if let Some(ca) = &args.nats_ca_file {
+        options = options.require_tls(true).add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&args.nats_cert_file, &args.nats_key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    let client = options
         .connect(&args.nats)
         .await
         .with_context(|| format!("connecting to {}", args.nats))?;
@@ -55,6 +74,19 @@ async fn main() -> Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         let _ = stop_tx.send(true);
     });
+    let stats = Arc::new(FoldWorkerStats::default());
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        // Tests pass port 0 and read the bound address from here.
+        eprintln!("metrics listening on {}", listener.local_addr()?);
+        tokio::spawn(fold_workers::metrics::serve(
+            listener,
+            Arc::clone(&stats),
+            stop.clone(),
+        ));
+    }
     let (shards, fleet) = (args.shards, args.fleet);
     let lease = LeaseConfig {
         ttl: Duration::from_millis(args.lease_ms),
@@ -74,7 +106,7 @@ async fn main() -> Result<()> {
             ..OwnerConfig::reference(ShardId(s))
         },
         clock,
-        Arc::new(FoldWorkerStats::default()),
+        stats,
         stop,
     )
     .await?;

@@ -1,0 +1,333 @@
+//! The fold worker's bus metrics (issue 4 item 5, F6, A48), in Prometheus text format,
+//! and the scrape endpoint `foldgate-fold --metrics-listen` serves them on.
+//!
+//! F6 wants detection that does not depend on the accurate path: a node that stops
+//! reporting shows as its `reports_received_per_node_per_round` falling to 0, and a
+//! bus that delays reports shows in the fold-age histogram (`reconciliation_freshness`),
+//! whatever the limiter itself believes.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::service::FoldWorkerStats;
+
+/// Node ids counted per node; a fleet is at most this big (the simulator's bound too).
+pub const NODE_SLOTS: usize = 1_024;
+/// Rounds per `reports_received_per_node_per_round` period (1 s at 25 ms rounds):
+/// long enough that one late batch does not read as a missing node.
+pub const RATE_PERIOD_ROUNDS: u64 = 40;
+
+/// Why an envelope was dropped whole, in `DecodeError::reason` terms plus the worker's
+/// own: a fast-path request without a reply subject cannot be answered.
+pub const REJECT_REASONS: [&str; 7] = [
+    "too_large",
+    "malformed",
+    "unknown_version",
+    "missing",
+    "invalid",
+    "too_many",
+    "no_reply",
+];
+
+/// A fixed-bucket histogram with atomic counts (no lock on the fold path).
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    counts: Vec<AtomicU64>,
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [u64]) -> Self {
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: u64) {
+        let i = self.bounds.partition_point(|&b| b < value);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (`u64::MAX` for the overflow).
+    pub fn quantile_bound(&self, q: f64) -> u64 {
+        let total = self.count();
+        let rank = ((total as f64) * q).ceil() as u64;
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c.load(Ordering::Relaxed);
+            if seen >= rank.max(1) {
+                return self.bounds.get(i).copied().unwrap_or(u64::MAX);
+            }
+        }
+        u64::MAX
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            cumulative += c.load(Ordering::Relaxed);
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+                }
+            }
+        }
+        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Ordering::Relaxed));
+        let _ = writeln!(out, "{name}_count {}", self.count());
+    }
+}
+
+/// Reports per node, counted over one period and published at its end.
+#[derive(Debug)]
+pub struct NodeRates {
+    current: Vec<AtomicU64>,
+    /// Last complete period, reports per round in thousandths, plus one (0 = never seen).
+    last_milli_plus_one: Vec<AtomicU64>,
+    rounds: AtomicU64,
+}
+
+impl Default for NodeRates {
+    fn default() -> Self {
+        Self {
+            current: (0..NODE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            last_milli_plus_one: (0..NODE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            rounds: AtomicU64::new(0),
+        }
+    }
+}
+
+impl NodeRates {
+    pub fn report_from(&self, node: u32) {
+        if let Some(c) = self.current.get(node as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Called once per round by the worker's round task.
+    pub fn end_round(&self) {
+        let rounds = self.rounds.fetch_add(1, Ordering::Relaxed) + 1;
+        if rounds < RATE_PERIOD_ROUNDS {
+            return;
+        }
+        self.rounds.store(0, Ordering::Relaxed);
+        for (c, last) in self.current.iter().zip(&self.last_milli_plus_one) {
+            let n = c.swap(0, Ordering::Relaxed);
+            if n > 0 || last.load(Ordering::Relaxed) > 0 {
+                // A node seen once stays listed: its gauge at 0 is the alert.
+                last.store(n * 1_000 / rounds + 1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `(node, reports per round)` for every node seen, from the last complete period.
+    pub fn last(&self) -> Vec<(u32, f64)> {
+        self.last_milli_plus_one
+            .iter()
+            .enumerate()
+            .filter_map(|(n, v)| match v.load(Ordering::Relaxed) {
+                0 => None,
+                m => Some((n as u32, (m - 1) as f64 / 1_000.0)),
+            })
+            .collect()
+    }
+}
+
+/// Prometheus text for one worker's stats.
+pub fn render(stats: &FoldWorkerStats) -> String {
+    let mut out = String::with_capacity(4_096);
+    let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+            v.load(Ordering::Relaxed)
+        );
+    };
+    counter(
+        &mut out,
+        "foldgate_fold_reports_total",
+        "Report batches folded.",
+        &stats.reports,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_fast_path_requests_total",
+        "Fast-path requests answered (D5).",
+        &stats.fast_path_requests,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_grant_batches_total",
+        "Grant batches published.",
+        &stats.grant_batches_published,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_publish_errors_total",
+        "Publishes the NATS client refused.",
+        &stats.publish_errors,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_invariant_breaches_total",
+        "Owners that found their books broken and stopped issuing credit.",
+        &stats.invariant_breaches,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_leases_taken_total",
+        "Shard leases won (owner changes toward this worker).",
+        &stats.leases_taken,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_leases_lost_total",
+        "Shard leases lost or given up (owner changes away from it).",
+        &stats.leases_lost,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_not_owned_total",
+        "Valid envelopes for a shard this worker does not own.",
+        &stats.not_owned,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP foldgate_fold_rejected_envelopes_total Envelopes dropped whole, by reason (B2).\n\
+         # TYPE foldgate_fold_rejected_envelopes_total counter"
+    );
+    for (reason, v) in REJECT_REASONS.iter().zip(&stats.rejected_by_reason) {
+        let _ = writeln!(
+            out,
+            "foldgate_fold_rejected_envelopes_total{{reason=\"{reason}\"}} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP foldgate_fold_shards_owned Shards this worker owns now.\n\
+         # TYPE foldgate_fold_shards_owned gauge\nfoldgate_fold_shards_owned {}",
+        stats.shards_owned.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP foldgate_fold_reports_received_per_node_per_round Report batches per round \
+         from each node over the last second (F6: 0 is a node gone quiet; one per owned \
+         shard is normal).\n# TYPE foldgate_fold_reports_received_per_node_per_round gauge"
+    );
+    for (node, rate) in stats.node_rates.last() {
+        let _ = writeln!(
+            out,
+            "foldgate_fold_reports_received_per_node_per_round{{node=\"{node}\"}} {rate}"
+        );
+    }
+    stats.fold_age_ms.render(
+        &mut out,
+        "foldgate_fold_reconciliation_freshness_ms",
+        "Fold age: a report's send time (its node's wall clock) to its fold here, ms (F6).",
+    );
+    stats.grant_latency_us.render(
+        &mut out,
+        "foldgate_fold_grant_latency_us",
+        "A report's arrival to its grant batch handed to the NATS client, us.",
+    );
+    out
+}
+
+/// Serves `GET /metrics` (anything else: 404) until `shutdown` turns true. HTTP/1.1 via
+/// hyper, one task per connection; a scrape endpoint, so no limits beyond hyper's own.
+pub async fn serve(
+    listener: TcpListener,
+    stats: std::sync::Arc<FoldWorkerStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::{Response, StatusCode};
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.changed() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+        };
+        let stats = std::sync::Arc::clone(&stats);
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let stats = std::sync::Arc::clone(&stats);
+                    async move {
+                        if req.uri().path() == "/metrics" {
+                            Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(Full::new(Bytes::from(render(&stats))))
+                        } else {
+                            Response::builder()
+                                .status(StatusCode::NOT_FOUND)
+                                .body(Full::new(Bytes::new()))
+                        }
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_quantiles_land_in_their_bucket() {
+        let h = Histogram::new(&[1, 5, 25]);
+        for v in [0, 1, 2, 5, 6, 30] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"1\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"5\"} 4\n"));
+        assert!(out.contains("x_bucket{le=\"25\"} 5\n"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 6\n"));
+        assert!(out.contains("x_sum 44\nx_count 6\n"));
+        assert_eq!(h.quantile_bound(0.5), 5);
+        assert_eq!(h.quantile_bound(0.99), u64::MAX);
+    }
+
+    #[test]
+    fn a_node_that_goes_quiet_reads_zero_not_absent() {
+        let r = NodeRates::default();
+        for _ in 0..RATE_PERIOD_ROUNDS {
+            r.report_from(3);
+            r.report_from(3);
+            r.end_round();
+        }
+        assert_eq!(r.last(), vec![(3, 2.0)]);
+        for _ in 0..RATE_PERIOD_ROUNDS {
+            r.end_round();
+        }
+        assert_eq!(r.last(), vec![(3, 0.0)]);
+        r.report_from(NODE_SLOTS as u32); // beyond the slots: ignored, not a panic
+    }
+}

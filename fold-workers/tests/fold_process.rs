@@ -1,0 +1,236 @@
+//! `foldgate-fold` as an OS process on a TLS-only nats-server (issue 4: B2, A56, F6). It
+//! connects with its fold certificate, takes every shard's lease in JetStream key-value,
+//! answers a gateway's reports with grants, drops garbage whole, and serves its bus
+//! metrics on `--metrics-listen`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bus_schemas::{
+    Envelope, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, ReportBatch,
+    ReportEntry, ShardId, WindowId, subjects,
+};
+use foldgate_tests::nats::NatsServer;
+use foldgate_tests::tls::{TestPki, role_server_config};
+use futures::StreamExt;
+
+const SHARDS: u32 = 2;
+
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+fn scrape(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: fold\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.starts_with("HTTP/1.1 200").then_some(text)
+}
+
+fn value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A key's current 1 s window that lands on `shard` (C2 hashes key and window).
+fn window_on(shard: u32, now_ms: u64) -> KeyWindow {
+    (1u128..)
+        .map(|d| {
+            let key = KeyId {
+                version: 1,
+                digest: d.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
+            };
+            let window = WindowId {
+                length_ms: 1_000,
+                number: now_ms.saturating_sub(key.phase_offset_ms(1_000)) / 1_000,
+            };
+            KeyWindow { key, window }
+        })
+        .find(|kw| kw.shard(SHARDS) == ShardId(shard))
+        .expect("some key-window lands on every shard")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metrics() {
+    let mut pki_dir = None;
+    let server = NatsServer::start_with(|port, dir| {
+        let pki = TestPki::new(dir, &["gateway", "fold"]);
+        pki_dir = Some(pki.dir.clone());
+        Some(role_server_config(port, dir))
+    });
+    let pki = TestPki {
+        dir: pki_dir.expect("pki made"),
+    };
+    let url = format!("tls://127.0.0.1:{}", server.port);
+    let metrics_port = free_port();
+    let fold = pki.pem("fold");
+    let _worker = Worker(
+        Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
+            .args(["--nats", &url, "--name", "w0", "--lease-ms", "500"])
+            .args(["--shards", &SHARDS.to_string(), "--fleet", "1"])
+            .arg("--nats-ca-file")
+            .arg(pki.ca())
+            .arg("--nats-cert-file")
+            .arg(&fold.cert)
+            .arg("--nats-key-file")
+            .arg(&fold.key)
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("foldgate-fold"),
+    );
+
+    let gateway = pki.pem("gateway");
+    let client = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca())
+        .add_client_certificate(gateway.cert, gateway.key)
+        .connect(&url)
+        .await
+        .expect("gateway connects over mTLS");
+    let inbox = client.new_inbox();
+    let mut grants = client.subscribe(inbox.clone()).await.unwrap();
+
+    // Be a one-node fleet: report both shards every round, acknowledging whatever owner
+    // epoch answers (the takeover fence, C8), until a grant with credit comes back.
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let mut owner_seen = [OwnerEpoch(0); SHARDS as usize];
+    let mut credited = [false; SHARDS as usize];
+    let give_up = Instant::now() + Duration::from_secs(15);
+    let mut seq = 0;
+    while credited.iter().any(|c| !c) {
+        assert!(
+            Instant::now() < give_up,
+            "no grant with credit for every shard: {credited:?}"
+        );
+        seq += 1;
+        for shard in 0..SHARDS {
+            let key_window = window_on(shard, now_ms());
+            let batch = ReportBatch {
+                node: NodeId(0),
+                node_epoch: NodeEpoch(7),
+                seq,
+                shard: ShardId(shard),
+                sent_at_ms: now_ms(),
+                owner_epoch_seen: owner_seen[shard as usize],
+                entries: vec![ReportEntry {
+                    key_window,
+                    allowance: 1_000,
+                    cumulative_spend: 0,
+                    demand: 10_000,
+                    held_credit: 0,
+                    applied_grant: 0,
+                    returned: 0,
+                    self_granted: 0,
+                }],
+            };
+            client
+                .publish_with_reply(
+                    subjects::report(shard),
+                    inbox.clone(),
+                    batch.encode().into(),
+                )
+                .await
+                .unwrap();
+        }
+        let round_end = tokio::time::Instant::now() + Duration::from_millis(25);
+        while let Ok(Some(m)) = tokio::time::timeout_at(round_end, grants.next()).await {
+            if m.status.is_some() {
+                // "No responders" before the worker has subscribed.
+                continue;
+            }
+            let g = GrantBatch::decode(&m.payload).expect("a worker's grant decodes");
+            let s = g.shard.0 as usize;
+            owner_seen[s] = owner_seen[s].max(g.owner_epoch);
+            credited[s] |= g.entries.iter().any(|e| e.credit_total > 0);
+        }
+    }
+    // Garbage on a report subject: dropped whole, counted by reason.
+    client
+        .publish(subjects::report(0), vec![0xff; 16].into())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+
+    // Keep reporting for over a second, so a full per-node rate period has ended.
+    let keep_until = Instant::now() + Duration::from_millis(1_300);
+    while Instant::now() < keep_until {
+        seq += 1;
+        for shard in 0..SHARDS {
+            let batch = ReportBatch {
+                node: NodeId(0),
+                node_epoch: NodeEpoch(7),
+                seq,
+                shard: ShardId(shard),
+                sent_at_ms: now_ms(),
+                owner_epoch_seen: owner_seen[shard as usize],
+                entries: Vec::new(),
+            };
+            client
+                .publish(subjects::report(shard), batch.encode().into())
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let metrics = scrape(metrics_port).expect("the worker serves /metrics");
+    let reports = value(&metrics, "foldgate_fold_reports_total").unwrap();
+    assert!(reports >= 2.0 * 40.0, "reports folded: {reports}");
+    assert_eq!(value(&metrics, "foldgate_fold_shards_owned"), Some(2.0));
+    assert!(value(&metrics, "foldgate_fold_leases_taken_total").unwrap() >= 2.0);
+    assert_eq!(
+        value(
+            &metrics,
+            "foldgate_fold_rejected_envelopes_total{reason=\"malformed\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    // One batch per shard per round from node 0; rounds here are paced by a sleeping
+    // test task, so anything from 1 to 2 per round is on time.
+    let per_round = value(
+        &metrics,
+        "foldgate_fold_reports_received_per_node_per_round{node=\"0\"}",
+    )
+    .expect("node 0 has a rate");
+    assert!(
+        (0.8..=2.2).contains(&per_round),
+        "reports per node per round: {per_round}"
+    );
+    let folded = value(&metrics, "foldgate_fold_reconciliation_freshness_ms_count").unwrap();
+    assert_eq!(folded, reports, "every folded report has a fold age");
+    // Loopback, one process: every report folds within a round of being sent.
+    let within_round = value(
+        &metrics,
+        "foldgate_fold_reconciliation_freshness_ms_bucket{le=\"25\"}",
+    )
+    .unwrap();
+    assert!(within_round >= 0.9 * folded, "{within_round} of {folded}");
+    assert!(value(&metrics, "foldgate_fold_grant_latency_us_count").unwrap() >= reports);
+    assert!(metrics.contains("foldgate_fold_invariant_breaches_total 0\n"));
+}
