@@ -22,3 +22,5 @@ pub const GRANT_ALL: &str = "foldgate.v1.grant.*";
 pub const LIMIT_EVENTS_TOPIC: &str = "foldgate.limit-events";
 /// NATS key-value bucket holding the policy snapshot (P1).
 pub const POLICY_BUCKET: &str = "foldgate-policy";
+/// The key in `POLICY_BUCKET` that holds the snapshot.
+pub const POLICY_KEY: &str = "snapshot";

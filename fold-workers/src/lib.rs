@@ -21,9 +21,11 @@
 pub mod hot;
 pub mod metrics;
 pub mod owner;
+pub mod policy;
 pub mod service;
 
 pub use hot::{HotKeyConfig, HotKeys};
 pub use owner::{
     FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerInvariantError, OwnerMode, OwnerStats,
 };
+pub use policy::{OwnerPolicy, OwnerPolicyError};

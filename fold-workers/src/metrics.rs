@@ -205,6 +205,18 @@ pub fn render(stats: &FoldWorkerStats) -> String {
     );
     counter(
         &mut out,
+        "foldgate_fold_policy_applied_total",
+        "Policy snapshots taken into force (P1).",
+        &stats.policy_applied,
+    );
+    counter(
+        &mut out,
+        "foldgate_fold_policy_refused_total",
+        "Policy snapshots refused whole: bad, or not newer.",
+        &stats.policy_refused,
+    );
+    counter(
+        &mut out,
         "foldgate_fold_not_owned_total",
         "Valid envelopes for a shard this worker does not own.",
         &stats.not_owned,

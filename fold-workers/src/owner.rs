@@ -8,6 +8,7 @@ use bus_schemas::{
 use bus_schemas::hashing::DetMap;
 
 use crate::hot::{HotKeyConfig, HotKeys};
+use crate::policy::OwnerPolicy;
 
 /// O1: leasing sizes grants from demand; fixed hands out only the reserve (the nodes take
 /// fixed 1/fleet shares themselves).
@@ -235,6 +236,8 @@ pub struct FoldOwner {
     hot: HotKeys,
     /// Hot-lane work: (node, node epoch, key-window) -> when the newest report was sent.
     hot_pending: DetMap<(NodeId, NodeEpoch, KeyWindow), u64>,
+    /// P1: caps a new ledger's allowance; none until the worker has read one.
+    policy: Option<std::sync::Arc<OwnerPolicy>>,
 }
 
 impl FoldOwner {
@@ -255,7 +258,26 @@ impl FoldOwner {
             stats: OwnerStats::default(),
             hot,
             hot_pending: DetMap::default(),
+            policy: None,
         }
+    }
+
+    /// P1: the policy in force from now on, for ledgers created from here (see
+    /// `policy`). A version no newer than the one held is refused.
+    pub fn handle_policy(&mut self, policy: std::sync::Arc<OwnerPolicy>) -> bool {
+        if self
+            .policy
+            .as_ref()
+            .is_some_and(|p| p.version >= policy.version)
+        {
+            return false;
+        }
+        self.policy = Some(policy);
+        true
+    }
+
+    pub fn policy_version(&self) -> Option<u64> {
+        self.policy.as_ref().map(|p| p.version)
     }
 
     pub fn epoch(&self) -> OwnerEpoch {
@@ -348,10 +370,11 @@ impl FoldOwner {
                 self.stats.ledgers_refused += 1;
                 return false;
             }
+            let cap = self.policy.as_ref().and_then(|p| p.limit(&kw));
             self.ledgers.insert(
                 kw,
                 Ledger {
-                    allowance: entry.allowance,
+                    allowance: cap.map_or(entry.allowance, |c| c.min(entry.allowance)),
                     reserve_released: false,
                     lines: DetMap::default(),
                     fixed_nodes_seen: 0,

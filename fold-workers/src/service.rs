@@ -13,14 +13,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bus_schemas::{Envelope, FastPathRequest, GrantBatch, Now, OwnerEpoch, ReportBatch, subjects};
+use bus_schemas::{
+    Envelope, FastPathRequest, GrantBatch, Now, OwnerEpoch, PolicySnapshot, ReportBatch, subjects,
+};
 use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::metrics::{Histogram, NodeRates, REJECT_REASONS};
 use crate::owner::{FoldOwner, OwnerConfig};
+use crate::policy::OwnerPolicy;
 
 pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
+
+/// How long a bus client (node or worker) waits before reconnect attempt `attempt`:
+/// 10 ms for the first 500 (~5 s), then one round (25 ms) for as long as it takes. F7 wants
+/// the fleet back within 3 rounds of the bus returning; async-nats' default backoff took
+/// 1.5 s, and a later step to 1 s retries left a 5 s outage 826 ms from recovery at fleet
+/// size (BENCHMARKS.md). An attempt on a down server is one refused loopback or LAN
+/// connect, so a fleet of clients at one per round per client costs it nothing.
+pub fn reconnect_delay(attempt: usize) -> Duration {
+    Duration::from_millis(if attempt < 500 { 10 } else { 25 })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FoldWorkerError {
@@ -51,6 +64,9 @@ pub struct FoldWorkerStats {
     /// `rejected`, split by `metrics::REJECT_REASONS`.
     pub rejected_by_reason: [AtomicU64; REJECT_REASONS.len()],
     pub shards_owned: AtomicU64,
+    /// P1 snapshots taken into force, and refused (bad, or not newer).
+    pub policy_applied: AtomicU64,
+    pub policy_refused: AtomicU64,
     pub node_rates: NodeRates,
     pub fold_age_ms: Histogram,
     pub grant_latency_us: Histogram,
@@ -70,6 +86,8 @@ impl Default for FoldWorkerStats {
             not_owned: AtomicU64::new(0),
             rejected_by_reason: Default::default(),
             shards_owned: AtomicU64::new(0),
+            policy_applied: AtomicU64::new(0),
+            policy_refused: AtomicU64::new(0),
             node_rates: NodeRates::default(),
             fold_age_ms: Histogram::new(FOLD_AGE_BOUNDS_MS),
             grant_latency_us: Histogram::new(GRANT_LATENCY_BOUNDS_US),
@@ -308,6 +326,9 @@ pub struct Candidate {
     pub name: String,
     pub shard_count: u32,
     pub lease: LeaseConfig,
+    /// P1: the key-value bucket to watch for the policy snapshot (`subjects::POLICY_BUCKET`
+    /// in production); `None` runs on the allowances the nodes report alone.
+    pub policy_bucket: Option<String>,
 }
 
 pub fn lease_key(shard: u32) -> String {
@@ -353,6 +374,7 @@ pub async fn run_elected_worker(
         name,
         shard_count,
         lease,
+        policy_bucket,
     } = candidate;
     use async_nats::jetstream::{self, kv};
     let js = jetstream::new(client.clone());
@@ -374,6 +396,16 @@ pub async fn run_elected_worker(
             .await
             .map_err(|e| LeaseError::Bucket(e.to_string()))?,
     };
+    let (policy_tx, mut policy_rx) = watch::channel(None::<Arc<OwnerPolicy>>);
+    if let Some(bucket) = policy_bucket {
+        tokio::spawn(watch_policy(
+            js.clone(),
+            bucket,
+            policy_tx,
+            Arc::clone(&stats),
+            shutdown.clone(),
+        ));
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Inbound>(16_384);
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
     let round_ms = config_for(0).round_ms;
@@ -405,8 +437,23 @@ pub async fn run_elected_worker(
                         }
                         continue;
                     }
-                    let Ok(rev) = store.create(&key, name.clone().into()).await else {
-                        continue;
+                    let rev = match store.create(&key, name.clone().into()).await {
+                        Ok(rev) => rev,
+                        // Still ours by name: this worker fenced itself off (a bus outage
+                        // outlived half its lease) and the server has not yet expired the
+                        // entry. Nobody else can hold it, so take it back by revision
+                        // rather than wait for the expiry sweep (seen: ~800 ms after an
+                        // outage, against F7's 75 ms). It comes back as a new owner epoch
+                        // with the takeover fence up, as any new owner does (C8).
+                        Err(_) => match store.entry(&key).await {
+                            Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == name.as_bytes() => {
+                                match store.update(&key, name.clone().into(), e.revision).await {
+                                    Ok(rev) => rev,
+                                    Err(_) => continue,
+                                }
+                            }
+                            _ => continue,
+                        },
                     };
                     let mut forwarders = Vec::new();
                     for subject in [subjects::report(shard), subjects::fast_path(shard)] {
@@ -423,8 +470,12 @@ pub async fn run_elected_worker(
                         }));
                     }
                     stats.leases_taken.fetch_add(1, Ordering::Relaxed);
+                    let mut owner = FoldOwner::new(config_for(shard), OwnerEpoch(rev), clock(), true);
+                    if let Some(p) = policy_rx.borrow().clone() {
+                        owner.handle_policy(p);
+                    }
                     held.insert(shard, Held {
-                        owner: FoldOwner::new(config_for(shard), OwnerEpoch(rev), clock(), true),
+                        owner,
                         revision: rev,
                         renewed: now,
                         forwarders,
@@ -438,9 +489,64 @@ pub async fn run_elected_worker(
                 stats.shards_owned.store(held.len() as u64, Ordering::Relaxed);
             }
             _ = rounds.tick() => tick_round(&client, &stats, &mut held, clock()).await,
+            Ok(()) = policy_rx.changed() => {
+                if let Some(p) = policy_rx.borrow_and_update().clone() {
+                    for owner in held.each() {
+                        owner.handle_policy(Arc::clone(&p));
+                    }
+                }
+            }
             m = rx.recv() => {
                 let Some(m) = m else { return Ok(()) };
                 handle(&client, &stats, &mut held, &clock, m).await;
+            }
+        }
+    }
+}
+
+/// P1: follows the policy snapshot in `bucket` (waiting for the bucket to exist) and
+/// publishes each newer valid version. A snapshot that does not decode or names an
+/// unknown plan is refused whole and counted; the policy in force stays.
+async fn watch_policy(
+    js: async_nats::jetstream::Context,
+    bucket: String,
+    publish: watch::Sender<Option<Arc<OwnerPolicy>>>,
+    stats: Arc<FoldWorkerStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let store = loop {
+        if let Ok(s) = js.get_key_value(bucket.clone()).await {
+            break s;
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
+    let Ok(mut updates) = store.watch_with_history(subjects::POLICY_KEY).await else {
+        stats.policy_refused.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    loop {
+        let entry = tokio::select! {
+            _ = shutdown.changed() => return,
+            e = updates.next() => match e {
+                Some(Ok(e)) => e,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let newest = publish.borrow().as_ref().map_or(0, |p| p.version);
+        match PolicySnapshot::decode(&entry.value)
+            .ok()
+            .and_then(|s| OwnerPolicy::from_snapshot(&s).ok())
+        {
+            Some(p) if p.version > newest => {
+                publish.send_replace(Some(Arc::new(p)));
+                stats.policy_applied.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                stats.policy_refused.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -1,7 +1,8 @@
 //! `foldgate-fold` as an OS process on a TLS-only nats-server (issue 4: B2, A56, F6). It
 //! connects with its fold certificate, takes every shard's lease in JetStream key-value,
-//! answers a gateway's reports with grants, drops garbage whole, and serves its bus
-//! metrics on `--metrics-listen`.
+//! reads the policy from its key-value bucket (P1), answers a gateway's reports with
+//! grants sized by it, drops garbage whole, and serves its bus metrics on
+//! `--metrics-listen`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bus_schemas::{
-    Envelope, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, ReportBatch,
-    ReportEntry, ShardId, WindowId, subjects,
+    Envelope, GrantBatch, KeyAssignment, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, Plan,
+    PolicySnapshot, ReportBatch, ReportEntry, ShardId, WindowId, WindowSpec, subjects,
 };
 use foldgate_tests::nats::NatsServer;
 use foldgate_tests::tls::{TestPki, role_server_config};
@@ -50,14 +51,21 @@ fn value(metrics: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
+const POLICY_LIMIT: u64 = 100;
+const KEY_CANDIDATES: u128 = 64;
+
+fn candidate_key(d: u128) -> KeyId {
+    KeyId {
+        version: 1,
+        digest: d.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
+    }
+}
+
 /// A key's current 1 s window that lands on `shard` (C2 hashes key and window).
 fn window_on(shard: u32, now_ms: u64) -> KeyWindow {
-    (1u128..)
+    (1..=KEY_CANDIDATES)
         .map(|d| {
-            let key = KeyId {
-                version: 1,
-                digest: d.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
-            };
+            let key = candidate_key(d);
             let window = WindowId {
                 length_ms: 1_000,
                 number: now_ms.saturating_sub(key.phase_offset_ms(1_000)) / 1_000,
@@ -66,6 +74,25 @@ fn window_on(shard: u32, now_ms: u64) -> KeyWindow {
         })
         .find(|kw| kw.shard(SHARDS) == ShardId(shard))
         .expect("some key-window lands on every shard")
+}
+
+/// Node 0 (epoch 7) of a one-node fleet, reporting on `shard`.
+fn report(
+    seq: u64,
+    shard: u32,
+    owner_seen: OwnerEpoch,
+    now_ms: u64,
+    entries: Vec<ReportEntry>,
+) -> ReportBatch {
+    ReportBatch {
+        node: NodeId(0),
+        node_epoch: NodeEpoch(7),
+        seq,
+        shard: ShardId(shard),
+        sent_at_ms: now_ms,
+        owner_epoch_seen: owner_seen,
+        entries,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,8 +107,48 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
         dir: pki_dir.expect("pki made"),
     };
     let url = format!("tls://127.0.0.1:{}", server.port);
-    let metrics_port = free_port();
+    // P1: the policy says 100 per second for every key this test can use; the reports
+    // below claim 1,000. The worker must size from the policy.
     let fold = pki.pem("fold");
+    let admin = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca())
+        .add_client_certificate(fold.cert.clone(), fold.key.clone())
+        .connect(&url)
+        .await
+        .expect("fold role connects");
+    let js = async_nats::jetstream::new(admin);
+    let policy = js
+        .create_key_value(async_nats::jetstream::kv::Config {
+            bucket: subjects::POLICY_BUCKET.to_string(),
+            history: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("policy bucket");
+    let snapshot = PolicySnapshot {
+        version: 3,
+        plans: vec![Plan {
+            id: 1,
+            name: "test".into(),
+            windows: vec![WindowSpec {
+                length_ms: 1_000,
+                limit: POLICY_LIMIT,
+            }],
+        }],
+        keys: (1..=KEY_CANDIDATES)
+            .map(|d| KeyAssignment {
+                key: candidate_key(d),
+                plan_id: 1,
+                override_windows: Vec::new(),
+            })
+            .collect(),
+    };
+    policy
+        .put(subjects::POLICY_KEY, snapshot.encode().into())
+        .await
+        .expect("policy put");
+    let metrics_port = free_port();
     let _worker = Worker(
         Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
             .args(["--nats", &url, "--name", "w0", "--lease-ms", "500"])
@@ -99,6 +166,13 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
             .expect("foldgate-fold"),
     );
 
+    let up_by = Instant::now() + Duration::from_secs(10);
+    while scrape(metrics_port).and_then(|m| value(&m, "foldgate_fold_policy_applied_total"))
+        != Some(1.0)
+    {
+        assert!(Instant::now() < up_by, "the worker never took the policy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let gateway = pki.pem("gateway");
     let client = async_nats::ConnectOptions::new()
         .require_tls(true)
@@ -130,24 +204,23 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
         seq += 1;
         for shard in 0..SHARDS {
             let key_window = window_on(shard, now_ms());
-            let batch = ReportBatch {
-                node: NodeId(0),
-                node_epoch: NodeEpoch(7),
+            let batch = report(
                 seq,
-                shard: ShardId(shard),
-                sent_at_ms: now_ms(),
-                owner_epoch_seen: owner_seen[shard as usize],
-                entries: vec![ReportEntry {
+                shard,
+                owner_seen[shard as usize],
+                now_ms(),
+                vec![ReportEntry {
                     key_window,
                     allowance: 1_000,
                     cumulative_spend: 0,
-                    demand: 10_000,
+                    // 1,000 a round: unbounded by the policy, a grant would be ~980.
+                    demand: 1_000_000,
                     held_credit: 0,
                     applied_grant: 0,
                     returned: 0,
                     self_granted: 0,
                 }],
-            };
+            );
             client
                 .publish_with_reply(
                     subjects::report(shard),
@@ -166,7 +239,14 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
             let g = GrantBatch::decode(&m.payload).expect("a worker's grant decodes");
             let s = g.shard.0 as usize;
             owner_seen[s] = owner_seen[s].max(g.owner_epoch);
-            credited[s] |= g.entries.iter().any(|e| e.credit_total > 0);
+            for e in &g.entries {
+                assert!(
+                    e.credit_total <= POLICY_LIMIT,
+                    "granted {} against a policy limit of {POLICY_LIMIT}",
+                    e.credit_total
+                );
+                credited[s] |= e.credit_total > 0;
+            }
         }
     }
     // Garbage on a report subject: dropped whole, counted by reason.
@@ -181,15 +261,7 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
     while Instant::now() < keep_until {
         seq += 1;
         for shard in 0..SHARDS {
-            let batch = ReportBatch {
-                node: NodeId(0),
-                node_epoch: NodeEpoch(7),
-                seq,
-                shard: ShardId(shard),
-                sent_at_ms: now_ms(),
-                owner_epoch_seen: owner_seen[shard as usize],
-                entries: Vec::new(),
-            };
+            let batch = report(seq, shard, owner_seen[shard as usize], now_ms(), Vec::new());
             client
                 .publish(subjects::report(shard), batch.encode().into())
                 .await

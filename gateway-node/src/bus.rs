@@ -104,8 +104,7 @@ impl NodeBusStats {
     }
 }
 
-/// The key in the policy bucket (`subjects::POLICY_BUCKET`) that holds the snapshot.
-pub const POLICY_KEY: &str = "snapshot";
+pub use bus_schemas::subjects::POLICY_KEY;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyWatchError {

@@ -112,14 +112,11 @@ use bus_schemas::{KeyId, NodeEpoch, NodeId, Now, WindowSpec};
 use gateway_node::bus::{Clock, NodeBus};
 use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
 
-/// A client that retries a lost server every 10 ms for its first 500 attempts (~5 s), then
-/// every second: a gateway wants its bus back within a round or two, not after async-nats'
-/// default backoff (seen: 1.5 s).
+/// A client that retries a lost server as the production binaries do
+/// (`fold_workers::service::reconnect_delay`).
 pub async fn connect(url: &str) -> async_nats::Client {
     async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(|attempt| {
-            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
-        })
+        .reconnect_delay_callback(fold_workers::service::reconnect_delay)
         .connect(url)
         .await
         .expect("connect to nats-server")

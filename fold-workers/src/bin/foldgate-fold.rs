@@ -46,11 +46,8 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    // Reconnect within a round or two of the bus coming back (the default backoff took
-    // seconds): every 10 ms for ~5 s, then every second.
-    let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(|attempt| {
-        Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
-    });
+    let mut options = async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(fold_workers::service::reconnect_delay);
     if let Some(ca) = &args.nats_ca_file {
         options = options.require_tls(true).add_root_certificates(ca.clone());
     }
@@ -99,6 +96,7 @@ async fn main() -> Result<()> {
             name: args.name,
             shard_count: shards,
             lease,
+            policy_bucket: Some(bus_schemas::subjects::POLICY_BUCKET.to_string()),
         },
         move |s| OwnerConfig {
             shards,

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bus_schemas::{
     KeyAssignment, NodeEpoch, NodeId, Now, Plan, PolicySnapshot, WindowSpec, subjects,
@@ -304,10 +304,8 @@ impl Runtime {
             bus.set_policy(index);
             return Ok(Self::Embedded(bus));
         }
-        let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(|attempt| {
-            // A gateway wants its bus back within a round or two (issue 4's finding).
-            Duration::from_millis(if attempt < 500 { 10 } else { 1_000 })
-        });
+        let mut options = async_nats::ConnectOptions::new()
+            .reconnect_delay_callback(fold_workers::service::reconnect_delay);
         if let Some(ca) = &settings.nats_ca_file {
             options = options.require_tls(true).add_root_certificates(ca.clone());
         }
