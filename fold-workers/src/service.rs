@@ -35,6 +35,24 @@ pub fn reconnect_delay(attempt: usize) -> Duration {
     Duration::from_millis(if attempt < 500 { 10 } else { 25 })
 }
 
+/// The connect options every Foldgate bus client uses: `reconnect_delay`, and mTLS (B2)
+/// when a CA is given (TLS is then required) and a client certificate and key.
+pub fn bus_connect_options(
+    ca_file: Option<&std::path::Path>,
+    cert_and_key: Option<(&std::path::Path, &std::path::Path)>,
+) -> async_nats::ConnectOptions {
+    let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(reconnect_delay);
+    if let Some(ca) = ca_file {
+        options = options
+            .require_tls(true)
+            .add_root_certificates(ca.to_path_buf());
+    }
+    if let Some((cert, key)) = cert_and_key {
+        options = options.add_client_certificate(cert.to_path_buf(), key.to_path_buf());
+    }
+    options
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FoldWorkerError {
     #[error("subscribing: {0}")]

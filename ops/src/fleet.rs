@@ -115,8 +115,7 @@ use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter
 /// A client that retries a lost server as the production binaries do
 /// (`fold_workers::service::reconnect_delay`).
 pub async fn connect(url: &str) -> async_nats::Client {
-    async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(fold_workers::service::reconnect_delay)
+    fold_workers::service::bus_connect_options(None, None)
         .connect(url)
         .await
         .expect("connect to nats-server")

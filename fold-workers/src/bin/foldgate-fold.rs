@@ -46,18 +46,15 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let mut options = async_nats::ConnectOptions::new()
-        .reconnect_delay_callback(fold_workers::service::reconnect_delay);
-    if let Some(ca) = &args.nats_ca_file {
-        options = options.require_tls(true).add_root_certificates(ca.clone());
-    }
-    if let (Some(cert), Some(key)) = (&args.nats_cert_file, &args.nats_key_file) {
-        options = options.add_client_certificate(cert.clone(), key.clone());
-    }
-    let client = options
-        .connect(&args.nats)
-        .await
-        .with_context(|| format!("connecting to {}", args.nats))?;
+    let client = fold_workers::service::bus_connect_options(
+        args.nats_ca_file.as_deref(),
+        args.nats_cert_file
+            .as_deref()
+            .zip(args.nats_key_file.as_deref()),
+    )
+    .connect(&args.nats)
+    .await
+    .with_context(|| format!("connecting to {}", args.nats))?;
     let start = Instant::now();
     let clock = Arc::new(move || Now {
         wall_ms: SystemTime::now()

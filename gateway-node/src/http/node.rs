@@ -304,15 +304,15 @@ impl Runtime {
             bus.set_policy(index);
             return Ok(Self::Embedded(bus));
         }
-        let mut options = async_nats::ConnectOptions::new()
-            .reconnect_delay_callback(fold_workers::service::reconnect_delay);
-        if let Some(ca) = &settings.nats_ca_file {
-            options = options.require_tls(true).add_root_certificates(ca.clone());
-        }
-        if let (Some(cert), Some(key)) = (&settings.nats_cert_file, &settings.nats_key_file) {
-            options = options.add_client_certificate(cert.clone(), key.clone());
-        }
-        let client = options.connect(&settings.nats_url).await?;
+        let client = fold_workers::service::bus_connect_options(
+            settings.nats_ca_file.as_deref(),
+            settings
+                .nats_cert_file
+                .as_deref()
+                .zip(settings.nats_key_file.as_deref()),
+        )
+        .connect(&settings.nats_url)
+        .await?;
         let mut bus = NodeBus::start(client, limiter, clock, shutdown).await?;
         bus.watch_policy(subjects::POLICY_BUCKET).await?;
         Ok(Self::Nats(Box::new(bus)))
