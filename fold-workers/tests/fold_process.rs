@@ -6,27 +6,18 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bus_schemas::{
     Envelope, GrantBatch, KeyAssignment, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, Plan,
     PolicySnapshot, ReportBatch, ReportEntry, ShardId, WindowId, WindowSpec, subjects,
 };
-use foldgate_tests::nats::NatsServer;
-use foldgate_tests::tls::{TestPki, role_server_config};
+use foldgate_tests::KillOnDrop;
+use foldgate_tests::tls::{connect_as, start_role_server};
 use futures::StreamExt;
 
 const SHARDS: u32 = 2;
-
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -97,24 +88,11 @@ fn report(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metrics() {
-    let mut pki_dir = None;
-    let server = NatsServer::start_with(|port, dir| {
-        let pki = TestPki::new(dir, &["gateway", "fold"]);
-        pki_dir = Some(pki.dir.clone());
-        Some(role_server_config(port, dir))
-    });
-    let pki = TestPki {
-        dir: pki_dir.expect("pki made"),
-    };
-    let url = format!("tls://127.0.0.1:{}", server.port);
+    let (_server, pki, url) = start_role_server();
     // P1: the policy says 100 per second for every key this test can use; the reports
     // below claim 1,000. The worker must size from the policy.
     let fold = pki.pem("fold");
-    let admin = async_nats::ConnectOptions::new()
-        .require_tls(true)
-        .add_root_certificates(pki.ca())
-        .add_client_certificate(fold.cert.clone(), fold.key.clone())
-        .connect(&url)
+    let admin = connect_as(&url, &pki, Some("fold"))
         .await
         .expect("fold role connects");
     let js = async_nats::jetstream::new(admin);
@@ -149,7 +127,7 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
         .await
         .expect("policy put");
     let metrics_port = free_port();
-    let _worker = Worker(
+    let _worker = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
             .args(["--nats", &url, "--name", "w0", "--lease-ms", "500"])
             .args(["--shards", &SHARDS.to_string(), "--fleet", "1"])
@@ -173,12 +151,7 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
         assert!(Instant::now() < up_by, "the worker never took the policy");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let gateway = pki.pem("gateway");
-    let client = async_nats::ConnectOptions::new()
-        .require_tls(true)
-        .add_root_certificates(pki.ca())
-        .add_client_certificate(gateway.cert, gateway.key)
-        .connect(&url)
+    let client = connect_as(&url, &pki, Some("gateway"))
         .await
         .expect("gateway connects over mTLS");
     let inbox = client.new_inbox();

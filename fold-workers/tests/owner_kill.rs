@@ -2,26 +2,18 @@
 //! real nats-server; the owner of shard 0 is killed with SIGKILL mid-run. Ownership must
 //! move to another worker, with a higher epoch, and the fleet must stay within A1's 2%.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fold_workers::service::{LeaseConfig, lease_key};
+use foldgate_tests::KillOnDrop;
 use foldgate_tests::nats::{NatsServer, drill_plan, drive_pinned, start_nodes, system_clock};
 
 const NODES: u32 = 5;
 const WORKERS: usize = 3;
 const LEASE_MS: u64 = 100;
-
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 async fn holder(store: &async_nats::jetstream::kv::Store, shard: u32) -> Option<(String, u64)> {
     let e = store.entry(lease_key(shard)).await.ok()??;
@@ -32,9 +24,9 @@ async fn holder(store: &async_nats::jetstream::kv::Store, shard: u32) -> Option<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
     let server = NatsServer::start();
-    let mut workers: Vec<Option<Worker>> = (0..WORKERS)
+    let mut workers: Vec<Option<KillOnDrop>> = (0..WORKERS)
         .map(|w| {
-            Some(Worker(
+            Some(KillOnDrop(
                 Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
                     .args(["--nats", &server.url(), "--name", &format!("w{w}")])
                     .args([
@@ -118,7 +110,7 @@ async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
         &clock,
         |t| {
             if t >= kill_at && killed_at_ms.load(Ordering::Relaxed) == 0 {
-                // Dropping a `Worker` sends SIGKILL (`Child::kill`): no chance to hand the
+                // Dropping a `KillOnDrop` sends SIGKILL (`Child::kill`): no chance to hand the
                 // leases back.
                 drop(workers[victim_index].take().expect("alive"));
                 killed_at_ms.store(clock().wall_ms, Ordering::Relaxed);

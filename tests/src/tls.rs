@@ -91,3 +91,36 @@ authorization {{
 "#
     )
 }
+
+/// A TLS-only nats-server (`role_server_config`) with a fresh PKI holding the gateway and
+/// fold roles, and its `tls://` URL.
+pub fn start_role_server() -> (crate::nats::NatsServer, TestPki, String) {
+    let mut pki_dir = None;
+    let server = crate::nats::NatsServer::start_with(|port, dir| {
+        let pki = TestPki::new(dir, &["gateway", "fold"]);
+        pki_dir = Some(pki.dir.clone());
+        Some(role_server_config(port, dir))
+    });
+    let pki = TestPki {
+        dir: pki_dir.expect("pki made"),
+    };
+    let url = format!("tls://127.0.0.1:{}", server.port);
+    (server, pki, url)
+}
+
+/// A client of the server at `url` that trusts the PKI's CA and presents `role`'s
+/// certificate (`None`: no certificate at all).
+pub async fn connect_as(
+    url: &str,
+    pki: &TestPki,
+    role: Option<&str>,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca());
+    if let Some(role) = role {
+        let pem = pki.pem(role);
+        options = options.add_client_certificate(pem.cert, pem.key);
+    }
+    options.connect(url).await
+}

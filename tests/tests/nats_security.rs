@@ -5,37 +5,12 @@
 use std::time::Duration;
 
 use bus_schemas::{Envelope, GrantBatch, NodeId, OwnerEpoch, ShardId, subjects};
-use foldgate_tests::nats::NatsServer;
-use foldgate_tests::tls::{TestPki, role_server_config as server_config};
+use foldgate_tests::tls::{connect_as, start_role_server};
 use futures::StreamExt;
-
-async fn connect_as(
-    url: &str,
-    pki: &TestPki,
-    role: Option<&str>,
-) -> Result<async_nats::Client, async_nats::ConnectError> {
-    let mut options = async_nats::ConnectOptions::new()
-        .require_tls(true)
-        .add_root_certificates(pki.ca());
-    if let Some(role) = role {
-        let pem = pki.pem(role);
-        options = options.add_client_certificate(pem.cert, pem.key);
-    }
-    options.connect(url).await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_cannot_forge_grants_and_strangers_cannot_connect() {
-    let mut pki_dir = None;
-    let server = NatsServer::start_with(|port, dir| {
-        let pki = TestPki::new(dir, &["gateway", "fold"]);
-        pki_dir = Some(pki.dir.clone());
-        Some(server_config(port, dir))
-    });
-    let pki = TestPki {
-        dir: pki_dir.expect("pki made"),
-    };
-    let url = format!("tls://127.0.0.1:{}", server.port);
+    let (_server, pki, url) = start_role_server();
 
     let stranger = tokio::time::timeout(Duration::from_secs(5), connect_as(&url, &pki, None)).await;
     assert!(
