@@ -36,6 +36,8 @@ impl HotKeyConfig {
     }
 }
 
+const HOT_COUNTERS_INITIAL: usize = 1_024;
+
 #[derive(Clone, Debug)]
 pub struct HotKeys {
     config: HotKeyConfig,
@@ -50,7 +52,13 @@ impl HotKeys {
         assert!(config.k > 0 && config.counters >= config.k);
         Self {
             config,
-            counts: DetMap::with_capacity_and_hasher(config.counters + 1, Default::default()),
+            // Grown on demand up to the cap rather than sized to it: a shard that folds a few
+            // hundred keys a round keeps its counters in cache instead of striding a table
+            // sized for 65,536 (it was 13% of a simulated fleet's time).
+            counts: DetMap::with_capacity_and_hasher(
+                config.counters.min(HOT_COUNTERS_INITIAL),
+                Default::default(),
+            ),
             round_work: 0,
             overflow: 0,
             hot: Vec::with_capacity(config.k),

@@ -164,11 +164,13 @@ enum Place {
     Closed { spend: u64 },
 }
 
+/// What a line said when it was last reported: a line is due again when any of it changed.
+/// Demand counts as changed only when it leaves its factor-of-two band (see `demand_band`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 struct Reported {
     spend: u64,
     held: u64,
-    demand: u64,
+    demand_band: u32,
     applied: u64,
     returned: u64,
     self_granted: u64,
@@ -191,6 +193,10 @@ struct WindowRecord {
     closed_reports_sent: u32,
     /// Spend as of the last invariant check, to prove it never goes backwards.
     spend_floor: u64,
+    /// The credit word's remainder as this round's scan read it, so the report written
+    /// right after needs no second map lookup per line (see `write_reports`).
+    held_seen: u64,
+    held_seen_round: u64,
 }
 
 impl WindowRecord {
@@ -252,6 +258,15 @@ pub struct NodeLimiter {
     stats: NodeStats,
     /// P1: the policy version this node's buckets follow.
     policy_version: u64,
+}
+
+/// Smoothed demand moves every round as it decays, and a line re-sent only for that made
+/// almost every line of a quiet key due every round (C4 sizes a grant as h x demand, with h
+/// = 1.25 of headroom, so the owner gains little from a step of 12%). A band is a power of
+/// two: a line is re-sent when its demand halves or doubles, reaches 0 or leaves it. Any
+/// line sent for another reason carries the exact demand.
+fn demand_band(demand: u64) -> u32 {
+    u64::BITS - demand.leading_zeros()
 }
 
 /// How a shard's owner looks from this node (F2-F5).
@@ -346,14 +361,23 @@ impl NodeLimiter {
         }
     }
 
-    /// F7's view of one shard from this node: how long since its owner last answered
-    /// (the node's fold age for the shard, ms) and the owner epoch it answers as.
+    /// F7's view of one shard from this node: how long since its owner last answered (ms),
+    /// the owner epoch it answers as, and the node's fold age for the shard in its own
+    /// rounds: how many of this node's rounds have begun since the owner last answered. 0
+    /// or 1 is a healthy link (the current round's answer may still be on its way); each
+    /// further round is a report the owner has not answered.
     pub fn shard_contact(&self, shard: ShardId, now: Now) -> (u64, OwnerEpoch) {
         let link = &self.links[shard.0 as usize];
         (
             now.mono_ms.saturating_sub(link.last_contact_mono_ms),
             link.owner_epoch_seen,
         )
+    }
+
+    /// See `shard_contact`: this node's rounds begun since the shard's owner last answered.
+    pub fn shard_fold_age_rounds(&self, shard: ShardId) -> u64 {
+        self.round
+            .saturating_sub(self.links[shard.0 as usize].last_contact_round)
     }
 
     fn publish_health(&self, now: Now) {
@@ -477,6 +501,7 @@ impl NodeLimiter {
                     if idle && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
+                    self.see_held(bucket, kw);
                 }
                 let next = KeyWindow {
                     key,
@@ -487,6 +512,7 @@ impl NodeLimiter {
                 if (near_end && active) || self.records.contains_key(&next) {
                     self.ensure_record(now, next, slot, spec.limit);
                     self.install(key, bucket, next);
+                    self.see_held(bucket, next);
                 }
             }
         });
@@ -540,6 +566,8 @@ impl NodeLimiter {
                 rounds_since_report: 0,
                 closed_reports_sent: 0,
                 spend_floor: 0,
+                held_seen: 0,
+                held_seen_round: 0,
             },
         );
         true
@@ -608,17 +636,35 @@ impl NodeLimiter {
         self.stats.credit_returned += taken;
     }
 
+    /// Note what a live record's word holds while the scan has its bucket in hand.
+    fn see_held(&mut self, bucket: &KeyBucket, kw: KeyWindow) {
+        let round = self.round;
+        if let Some(rec) = self.records.get_mut(&kw)
+            && rec.place == Place::Live
+        {
+            rec.held_seen = bucket.credit_in(usize::from(rec.slot), kw.window);
+            rec.held_seen_round = round;
+        }
+    }
+
     /// The record's current numbers, as a report line.
     fn line(&self, kw: &KeyWindow, rec: &WindowRecord) -> ReportEntry {
+        self.line_from(kw, rec, None)
+    }
+
+    /// `held_live`: the live word's remainder if the caller read it already this round with
+    /// nothing of the reconciler's in between; otherwise the word is read now.
+    fn line_from(&self, kw: &KeyWindow, rec: &WindowRecord, held_live: Option<u64>) -> ReportEntry {
         let (held, spend) = match rec.place {
             // Saturating: a broken book must reach check_invariants, not panic here.
             Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
             Place::Live => {
-                let held = self
-                    .surface
-                    .get(&kw.key)
-                    .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
-                    .unwrap_or(0);
+                let held = held_live.unwrap_or_else(|| {
+                    self.surface
+                        .get(&kw.key)
+                        .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
+                        .unwrap_or(0)
+                });
                 (held, rec.received().saturating_sub(rec.returned + held))
             }
             Place::Closed { spend } => (0, spend),
@@ -644,11 +690,13 @@ impl NodeLimiter {
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
         let mut sent = Vec::new();
         for (kw, rec) in &self.records {
-            let line = self.line(kw, rec);
+            // `handle_tick` runs the scan, then this, with no grant or drain in between.
+            let held_live = (rec.held_seen_round == self.round).then_some(rec.held_seen);
+            let line = self.line_from(kw, rec, held_live);
             let reported = Reported {
                 spend: line.cumulative_spend,
                 held: line.held_credit,
-                demand: line.demand,
+                demand_band: demand_band(line.demand),
                 applied: line.applied_grant,
                 returned: line.returned,
                 self_granted: line.self_granted,
