@@ -440,39 +440,37 @@ pub async fn run_elected_worker(
             }
             _ = leases.tick() => {
                 let now = tokio::time::Instant::now();
-                for shard in 0..shard_count {
-                    let key = lease_key(shard);
-                    if let Some(h) = held.get_mut(&shard) {
-                        match store.update(&key, name.clone().into(), h.revision).await {
-                            Ok(rev) => {
+                // Every shard's lease call of a pass goes out at once. One after another
+                // they held this loop, and with it every round and every inbound report,
+                // for tens of key-value round trips: after a bus outage, when all shards
+                // change hands at once, that pass was most of F7's recovery time.
+                let renewals = futures::future::join_all(held.iter().map(|(shard, h)| {
+                    let (store, name, key, rev) = (&store, name.clone(), lease_key(*shard), h.revision);
+                    async move { (*shard, store.update(&key, name.into(), rev).await) }
+                }))
+                .await;
+                for (shard, renewed) in renewals {
+                    match renewed {
+                        Ok(rev) => {
+                            if let Some(h) = held.get_mut(&shard) {
                                 h.revision = rev;
                                 h.renewed = now;
                             }
-                            Err(_) => {
-                                held.remove(&shard);
-                                stats.leases_lost.fetch_add(1, Ordering::Relaxed);
-                            }
                         }
-                        continue;
+                        Err(_) => {
+                            held.remove(&shard);
+                            stats.leases_lost.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    let rev = match store.create(&key, name.clone().into()).await {
-                        Ok(rev) => rev,
-                        // Still ours by name: this worker fenced itself off (a bus outage
-                        // outlived half its lease) and the server has not yet expired the
-                        // entry. Nobody else can hold it, so take it back by revision
-                        // rather than wait for the expiry sweep (seen: ~800 ms after an
-                        // outage, against F7's 75 ms). It comes back as a new owner epoch
-                        // with the takeover fence up, as any new owner does (C8).
-                        Err(_) => match store.entry(&key).await {
-                            Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == name.as_bytes() => {
-                                match store.update(&key, name.clone().into(), e.revision).await {
-                                    Ok(rev) => rev,
-                                    Err(_) => continue,
-                                }
-                            }
-                            _ => continue,
-                        },
-                    };
+                }
+                let free: Vec<u32> = (0..shard_count).filter(|s| !held.contains_key(s)).collect();
+                let taken = futures::future::join_all(free.into_iter().map(|shard| {
+                    let (store, name) = (&store, name.clone());
+                    async move { (shard, take_lease(store, &lease_key(shard), &name).await) }
+                }))
+                .await;
+                for (shard, rev) in taken {
+                    let Some(rev) = rev else { continue };
                     let mut forwarders = Vec::new();
                     for subject in [subjects::report(shard), subjects::fast_path(shard)] {
                         let is_report = subject.starts_with("foldgate.v1.report.");
@@ -519,6 +517,30 @@ pub async fn run_elected_worker(
                 handle(&client, &stats, &mut held, &clock, m).await;
             }
         }
+    }
+}
+
+/// One try at a free shard's lease: the revision it was taken at, if taken.
+async fn take_lease(
+    store: &async_nats::jetstream::kv::Store,
+    key: &str,
+    name: &str,
+) -> Option<u64> {
+    use async_nats::jetstream::kv;
+    match store.create(key, name.to_owned().into()).await {
+        Ok(rev) => Some(rev),
+        // Still ours by name: this worker fenced itself off (a bus outage outlived half
+        // its lease) and the server has not yet expired the entry. Nobody else can hold
+        // it, so take it back by revision rather than wait for the expiry sweep (seen:
+        // ~800 ms after an outage, against F7's 75 ms). It comes back as a new owner
+        // epoch with the takeover fence up, as any new owner does (C8).
+        Err(_) => match store.entry(key).await {
+            Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == name.as_bytes() => store
+                .update(key, name.to_owned().into(), e.revision)
+                .await
+                .ok(),
+            _ => None,
+        },
     }
 }
 

@@ -202,6 +202,14 @@ impl NodeBus {
                         },
                         _ = shutdown.changed() => return,
                     };
+                    // Not connected: drop it. The client would buffer it and, on
+                    // reconnect, flush thousands of stale reports (each superseded by a
+                    // later cumulative one, C1) ahead of the current round's, which held
+                    // every owner busy for ~200 ms after a 5 s outage (F7, BENCHMARKS.md).
+                    if client.connection_state() != async_nats::connection::State::Connected {
+                        stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     match client
                         .publish_with_reply(subject, inbox.clone(), bytes.into())
                         .await
@@ -364,6 +372,9 @@ impl NodeBus {
         policy: &KeyPolicy,
     ) -> Decision {
         let deadline = tokio::time::Instant::now() + FAST_PATH_DEADLINE;
+        let claim = self
+            .surface
+            .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
         let requests: Vec<_> = {
             let mut l = lock(&self.limiter);
             l.handle_fast_path_need(now, need);
@@ -411,11 +422,7 @@ impl NodeBus {
                 .fast_path_deadline_missed
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let d = self
-            .surface
-            .decide_after_fast_path(need.key, now.wall_ms, policy, missed);
-        self.fast_path_done.notify_waiters();
-        d
+        claim.settle(now.wall_ms, policy, missed)
     }
 }
 

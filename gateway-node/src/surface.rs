@@ -183,6 +183,42 @@ pub struct Denial {
     pub degraded: bool,
 }
 
+/// The winner's hold on a key's fast path (D5). Its request may be dropped while it waits
+/// on the owner (the client went away): dropping the claim unsettled clears the in-flight
+/// flag and wakes the joiners, who would otherwise wait out their whole deadline on an
+/// answer nobody is fetching. A settled claim does neither twice, so a flag that the next
+/// round's winner has set since is left alone.
+pub struct FastPathClaim<'a, F: FnMut()> {
+    surface: &'a DecisionSurface,
+    key: KeyId,
+    wake: F,
+    settled: bool,
+}
+
+impl<F: FnMut()> FastPathClaim<'_, F> {
+    /// The answer is in (or the deadline passed): decide, then wake the joiners.
+    pub fn settle(mut self, wall_ms: u64, policy: &KeyPolicy, deadline_missed: bool) -> Decision {
+        self.settled = true;
+        let d = self
+            .surface
+            .decide_after_fast_path(self.key, wall_ms, policy, deadline_missed);
+        (self.wake)();
+        d
+    }
+}
+
+impl<F: FnMut()> Drop for FastPathClaim<'_, F> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        if let Some(bucket) = self.surface.buckets.get(&self.key) {
+            bucket.fast_path_inflight.store(false, Ordering::Release);
+        }
+        (self.wake)();
+    }
+}
+
 /// A request the node could not decide from held credit; the caller asks the owner(s)
 /// with a hard 1 ms deadline, then calls `decide_after_fast_path` (D5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -386,6 +422,17 @@ impl DecisionSurface {
                 self.decide_in(&bucket, key, wall_ms, policy, flags, false, deadline_missed)
             }
             None => self.fail_open(key, wall_ms, policy),
+        }
+    }
+
+    /// Taken by the request that won `key`'s fast path (a `FastPathNeed` with `join`
+    /// false) before it waits on the owner. `wake` tells joiners the answer is in.
+    pub fn claim_fast_path<F: FnMut()>(&self, key: KeyId, wake: F) -> FastPathClaim<'_, F> {
+        FastPathClaim {
+            surface: self,
+            key,
+            wake,
+            settled: false,
         }
     }
 

@@ -172,17 +172,60 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
     }
 }
 
-#[test]
-fn fast_path_is_taken_once_per_round_then_denies() {
-    let mut node = leasing_node(1);
-    let policy = gateway_node::KeyPolicy::new(
+/// A plan of one window of 10 requests, 25 ms rounds.
+fn one_window_policy(length_ms: u32) -> gateway_node::KeyPolicy {
+    gateway_node::KeyPolicy::new(
         &[WindowSpec {
-            length_ms: 1_000,
+            length_ms,
             limit: 10,
         }],
         25,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A winner whose request is dropped mid-flight (client gone) must not strand its joiners
+/// until their deadline: dropping its claim clears the in-flight flag and wakes them once.
+/// A settled claim clears and wakes exactly once too.
+#[test]
+fn a_dropped_fast_path_winner_releases_its_joiners() {
+    let mut node = leasing_node(1);
+    let policy = one_window_policy(1_000);
+    let surface = node.surface().clone();
+    let k = key(9);
+    node.handle_tick(T0);
+    assert!(matches!(surface.decide(k, T0.wall_ms, &policy), Decision::FastPath(n) if !n.join));
+    assert!(surface.fast_path_pending(k));
+    let mut woken = 0;
+    drop(surface.claim_fast_path(k, || woken += 1));
+    assert!(
+        !surface.fast_path_pending(k),
+        "a dropped claim clears the flag"
+    );
+    assert_eq!(woken, 1);
+
+    let next = bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    };
+    node.handle_tick(next);
+    assert!(matches!(surface.decide(k, next.wall_ms, &policy), Decision::FastPath(n) if !n.join));
+    let mut woken = 0;
+    let d = surface
+        .claim_fast_path(k, || woken += 1)
+        .settle(next.wall_ms, &policy, true);
+    assert!(matches!(d, Decision::Deny(_)));
+    assert!(!surface.fast_path_pending(k));
+    assert_eq!(
+        woken, 1,
+        "settling wakes once; the drop after it does nothing"
+    );
+}
+
+#[test]
+fn fast_path_is_taken_once_per_round_then_denies() {
+    let mut node = leasing_node(1);
+    let policy = one_window_policy(1_000);
     let surface = node.surface().clone();
     let k = key(7);
     node.handle_tick(T0);
@@ -252,14 +295,7 @@ fn a_full_map_fails_open_within_the_backstop_floor() {
 /// not forgotten when it comes back in the same window.
 #[test]
 fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
-    let policy = gateway_node::KeyPolicy::new(
-        &[WindowSpec {
-            length_ms: 60_000,
-            limit: 10,
-        }],
-        25,
-    )
-    .unwrap();
+    let policy = one_window_policy(60_000);
     let mut node = leasing_node(1);
     let surface = node.surface().clone();
     let cap = surface.config().bucket_cap;

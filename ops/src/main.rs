@@ -339,8 +339,11 @@ mod bench {
 
             // Owner changes: every time a shard's lease holder differs from the last seen.
             let changes = Arc::new(AtomicU64::new(0));
+            // When each change was seen, to place lease moves on F7's timeline.
+            let change_times = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
             let watcher = {
                 let (store, changes, shards) = (store.clone(), Arc::clone(&changes), a.nodes);
+                let change_times = Arc::clone(&change_times);
                 tokio::spawn(async move {
                     let mut last: Vec<Option<Vec<u8>>> = vec![None; shards as usize];
                     loop {
@@ -351,6 +354,9 @@ mod bench {
                                 let slot = &mut last[s as usize];
                                 if slot.as_deref().is_some_and(|old| old != &v[..]) {
                                     changes.fetch_add(1, Ordering::Relaxed);
+                                    if let Ok(mut t) = change_times.lock() {
+                                        t.push(Instant::now());
+                                    }
                                 }
                                 *slot = Some(v.to_vec());
                             }
@@ -376,6 +382,16 @@ mod bench {
             let mut bus_state = 0u8; // 0 up, 1 down, 2 back
             let (mut back_at, mut recovery_probe_ms) = (None::<Instant>, None::<u64>);
             let mut degraded_max = 0usize;
+            // F7's breakdown: when, after the bus came back, each of the probe's three
+            // conditions first held; and how often the whole probe held before the outage
+            // (steady state), sampled every 50 ms after the first second.
+            let mut first_unanimous_ms = None::<u64>;
+            let mut first_fresh_ms = None::<u64>;
+            let mut first_fresh_25ms = None::<u64>;
+            let mut first_reconciled_ms = None::<u64>;
+            let (mut steady_samples, mut steady_passes) = (0u64, 0u64);
+            let mut steady_passes_25ms = 0u64;
+            let mut next_steady_sample = Duration::from_secs(1);
             let started = Instant::now();
             let mut run = drive_pinned(
                 &nodes,
@@ -412,9 +428,32 @@ mod bench {
                     // F7: the first moment the probe finds the fleet recovered.
                     if let (Some(back), None) = (back_at, recovery_probe_ms) {
                         let p = ops::fleet::RecoveryProbe::take(&nodes, clock());
-                        if p.recovered(25) {
-                            recovery_probe_ms = Some(back.elapsed().as_millis() as u64);
+                        let since_ms = back.elapsed().as_millis() as u64;
+                        if p.shards > 0 && p.shards_confirmed == p.shards {
+                            first_unanimous_ms.get_or_insert(since_ms);
                         }
+                        if p.max_fold_age_rounds <= 1 {
+                            first_fresh_ms.get_or_insert(since_ms);
+                        }
+                        if p.max_fold_age_ms < 25 {
+                            first_fresh_25ms.get_or_insert(since_ms);
+                        }
+                        if p.key_windows_unreconciled == 0 {
+                            first_reconciled_ms.get_or_insert(since_ms);
+                        }
+                        if p.recovered(25) {
+                            recovery_probe_ms = Some(since_ms);
+                        }
+                    } else if back_at.is_none()
+                        && bus_state == 0
+                        && kill_at.is_none_or(|k| t < k)
+                        && t >= next_steady_sample
+                    {
+                        next_steady_sample = t + Duration::from_millis(50);
+                        steady_samples += 1;
+                        let p = ops::fleet::RecoveryProbe::take(&nodes, clock());
+                        steady_passes += u64::from(p.recovered(25));
+                        steady_passes_25ms += u64::from(p.recovered(25) && p.max_fold_age_ms < 25);
                     }
                     degraded_max =
                         degraded_max.max(nodes.iter().filter(|n| n.surface().degraded()).count());
@@ -460,6 +499,31 @@ mod bench {
                 "fast_path_share_pct": round4(fast as f64 * 100.0 / run.offered.max(1) as f64),
                 "invariant_violations": violations,
                 "recovery_probe_ms": recovery_probe_ms,
+                "recovery_breakdown_ms": {
+                    "epochs_unanimous": first_unanimous_ms,
+                    "fold_age_under_round": first_fresh_ms,
+                    "every_contact_under_25_ms": first_fresh_25ms,
+                    "reconciled": first_reconciled_ms,
+                },
+                // Lease moves seen after the bus came back (or the drill's event), ms:
+                // first and last (the watcher polls every 25 ms).
+                "owner_changes_after_ms": back_at.map(|back| {
+                    let t = change_times.lock().map(|t| t.clone()).unwrap_or_default();
+                    let after: Vec<u64> = t
+                        .iter()
+                        .filter(|i| **i >= back)
+                        .map(|i| i.duration_since(back).as_millis() as u64)
+                        .collect();
+                    serde_json::json!({
+                        "count": after.len(),
+                        "first": after.iter().min(),
+                        "last": after.iter().max(),
+                    })
+                }),
+                "probe_steady_pass_pct": (steady_samples > 0)
+                    .then(|| round4(steady_passes as f64 * 100.0 / steady_samples as f64)),
+                "probe_steady_pass_pct_contact_under_25_ms": (steady_samples > 0)
+                    .then(|| round4(steady_passes_25ms as f64 * 100.0 / steady_samples as f64)),
                 "restarted_nodes": restarted,
                 "wall_ms": (elapsed * 1_000.0) as u64,
                 "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),
