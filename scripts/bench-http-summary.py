@@ -22,7 +22,7 @@ for line in sys.stdin:
         oha.setdefault(d['run'], []).append(d)
 
 med = statistics.median
-for name in ('direct', 'limiter_off_b', 'limiter_off', 'limiter_on'):
+for name in ('direct', 'limiter_off_b', 'limiter_off', 'limiter_on', 'limiter_off_aa', 'limiter_off2'):
     rs = list(runs.get(name, {}).values())
     if rs:
         print(f"{name:12} reps {len(rs)}  median p50 {med(r['latency_us_p50'] for r in rs):7.1f} us"
@@ -37,6 +37,12 @@ for q in ('latency_us_p50', 'latency_us_p99', 'latency_us_p999'):
     h, hs = diff('limiter_off_b', 'direct', q)
     print(f"{q[11:]:5}: limiter adds {m:+7.1f} us (per rep {', '.join(f'{x:+.0f}' for x in ds)});"
           f" proxy hop {h:+7.1f} us (per rep {', '.join(f'{x:+.0f}' for x in hs)})")
+if runs.get('limiter_off2'):
+    for q in ('latency_us_p50', 'latency_us_p99', 'latency_us_p999'):
+        m, ds = diff('limiter_off_aa', 'limiter_off2', q)
+        print(f"{q[11:]:5}: A/A (off - off, noise floor) {m:+7.1f} us (per rep {', '.join(f'{x:+.0f}' for x in ds)});"
+              f" median |A/A| {med(abs(x) for x in ds):.1f} us, median |on - off| "
+              f"{med(abs(x) for x in diff('limiter_on', 'limiter_off', q)[1]):.1f} us")
 if hist:
     total = hist[-1][1]
     for q in (0.5, 0.99, 0.999):

@@ -3,6 +3,8 @@
 # and off, and the upstream straight, at 2,778 req/s open loop, interleaved in one run;
 # then maximum throughput on/off (closed loop), and oha as the external cross-check.
 #   ./scripts/bench-http.sh [seconds_per_run] [reps]
+# AA=1 adds, in every rep, an A/A pair: two identical limiter-off nodes interleaved the same
+# way, whose difference is the noise floor the on-vs-off difference has to be read against.
 # Prints JSON lines; BENCHMARKS.md quotes them. Everything binds 127.0.0.1 and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,7 @@ port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));pri
 od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$DIR/hash-key.hex"
 "$BIN/foldgate" bench-policy --hash-key-file "$DIR/hash-key.hex" --keys 100 --key-seed 1 > "$DIR/policy.toml"
 
-UP=$(port); ON=$(port); OFF=$(port); ONA=$(port); OFFA=$(port)
+UP=$(port); ON=$(port); OFF=$(port); ONA=$(port); OFFA=$(port); OFF2=$(port); OFF2A=$(port)
 "$BIN/foldgate" upstream --listen 127.0.0.1:$UP 2>/dev/null & PIDS+=($!)
 node() { # port admin limiter
   { echo "server.listen = \"127.0.0.1:$1\""; echo "server.admin_listen = \"127.0.0.1:$2\"";
@@ -31,7 +33,9 @@ node() { # port admin limiter
 }
 node $ON $ONA true
 node $OFF $OFFA false
-for a in $ONA $OFFA; do
+ADMINS="$ONA $OFFA"
+if [ "${AA:-0}" = 1 ]; then node $OFF2 $OFF2A false; ADMINS="$ADMINS $OFF2A"; fi
+for a in $ADMINS; do
   for _ in $(seq 100); do curl -fs "http://127.0.0.1:$a/readyz" >/dev/null && break; sleep 0.05; done
 done
 
@@ -39,7 +43,8 @@ bench() { "$BIN/foldgate" bench http --target "http://127.0.0.1:$1" --rate "$2" 
 echo "# machine: $(nproc) vCPU, $(uname -r); rate $RATE req/s, $SECONDS_PER_RUN s per run, $REPS reps"
 # Warm-up: connections pooled, buckets created and credited.
 for p in $UP $ON $OFF; do bench $p $RATE 2 >/dev/null; done
-name_of() { case $1 in $UP) echo "$2";; $ON) echo limiter_on;; $OFF) echo "limiter_off${OFFB:+_b}";; esac; }
+if [ "${AA:-0}" = 1 ]; then bench $OFF2 $RATE 2 >/dev/null; fi
+name_of() { case $1 in $UP) echo "$2";; $ON) echo limiter_on;; $OFF) echo "limiter_off${OFFB:+_b}${OFFAA:+_aa}";; $OFF2) echo limiter_off2;; esac; }
 # Each rep is two paired runs. In a pair, arrivals interleave between two targets (each at
 # $RATE req/s), so both sides see the same moments of a shared 2-vCPU machine: on vs off
 # (the limiter's cost), then off vs direct (the proxy hop). The order in a pair turns each
@@ -54,6 +59,9 @@ pair() { # rep a b upstream-name
 for r in $(seq "$REPS"); do
   if [ $((r % 2)) = 1 ]; then pair "$r" $ON $OFF direct; OFFB=1 pair "$r" $OFF $UP direct
   else pair "$r" $OFF $ON direct; OFFB=1 pair "$r" $UP $OFF direct; fi
+  if [ "${AA:-0}" = 1 ]; then
+    if [ $((r % 2)) = 1 ]; then OFFAA=1 pair "$r" $OFF $OFF2 direct; else OFFAA=1 pair "$r" $OFF2 $OFF direct; fi
+  fi
 done
 # The node's own histogram of time spent in the limiter, for the same runs.
 curl -fs "http://127.0.0.1:$ONA/metrics" | grep -E '^foldgate_(limiter_added_latency_seconds_(bucket|count|sum)|fast_path_triggered_total|decisions_total)' | sed 's/^/# /'

@@ -1,6 +1,11 @@
 //! The decision with 10^5 keys and two windows per key (S2, S3), credit held locally, beside
 //! governor's keyed limiter (DashMap state store) over the same keys in the same run.
 //!
+//! A third function measures the floor under both: a bare dashmap of 10^5 `u128 -> AtomicU64`
+//! entries (32-byte slots, the same hasher as the surface), one lookup and one atomic
+//! decrement per call. Neither limiter can decide faster than the map it reads, so on a host
+//! where this floor moves the absolute figures move with it (BENCHMARKS.md).
+//!
 //! Run: `cargo bench -p gateway-node --bench decision`
 
 #[path = "../tests/support.rs"]
@@ -8,10 +13,12 @@ mod support;
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bus_schemas::WindowSpec;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use gateway_node::Decision;
+use gateway_node::surface::KeyIdHasherBuilder;
 use support::*;
 
 const KEYS: u64 = 100_000;
@@ -76,6 +83,20 @@ fn bench_decision(c: &mut Criterion) {
         b.iter(|| {
             j = (j + 1) & (gkeys.len() - 1);
             black_box(keyed.check_key(black_box(&gkeys[j])).is_ok())
+        })
+    });
+
+    let floor: dashmap::DashMap<u128, AtomicU64, KeyIdHasherBuilder> =
+        dashmap::DashMap::with_capacity_and_hasher(112_000, KeyIdHasherBuilder);
+    for k in 0..KEYS {
+        floor.insert(key(k).digest, AtomicU64::new(u64::MAX));
+    }
+    let mut f = 0usize;
+    group.bench_function("dashmap_floor_one_word", |b| {
+        b.iter(|| {
+            f = (f + 1) & (gkeys.len() - 1);
+            let entry = floor.get(black_box(&gkeys[f])).expect("inserted above");
+            black_box(entry.fetch_sub(1, Ordering::AcqRel))
         })
     });
     group.finish();
