@@ -193,10 +193,6 @@ struct WindowRecord {
     closed_reports_sent: u32,
     /// Spend as of the last invariant check, to prove it never goes backwards.
     spend_floor: u64,
-    /// The credit word's remainder as this round's scan read it, so the report written
-    /// right after needs no second map lookup per line (see `write_reports`).
-    held_seen: u64,
-    held_seen_round: u64,
 }
 
 impl WindowRecord {
@@ -361,11 +357,8 @@ impl NodeLimiter {
         }
     }
 
-    /// F7's view of one shard from this node: how long since its owner last answered (ms),
-    /// the owner epoch it answers as, and the node's fold age for the shard in its own
-    /// rounds: how many of this node's rounds have begun since the owner last answered. 0
-    /// or 1 is a healthy link (the current round's answer may still be on its way); each
-    /// further round is a report the owner has not answered.
+    /// F7's view of one shard from this node: how long since its owner last answered (ms)
+    /// and the owner epoch it answers as.
     pub fn shard_contact(&self, shard: ShardId, now: Now) -> (u64, OwnerEpoch) {
         let link = &self.links[shard.0 as usize];
         (
@@ -374,7 +367,10 @@ impl NodeLimiter {
         )
     }
 
-    /// See `shard_contact`: this node's rounds begun since the shard's owner last answered.
+    /// F7: the node's fold age for a shard in its own rounds, i.e. how many of this node's
+    /// rounds have begun since the shard's owner last answered. 0 or 1 is a healthy link
+    /// (the current round's answer may still be on its way); each further round is a
+    /// report the owner has not answered.
     pub fn shard_fold_age_rounds(&self, shard: ShardId) -> u64 {
         self.round
             .saturating_sub(self.links[shard.0 as usize].last_contact_round)
@@ -501,7 +497,6 @@ impl NodeLimiter {
                     if idle && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
-                    self.see_held(bucket, kw);
                 }
                 let next = KeyWindow {
                     key,
@@ -512,7 +507,6 @@ impl NodeLimiter {
                 if (near_end && active) || self.records.contains_key(&next) {
                     self.ensure_record(now, next, slot, spec.limit);
                     self.install(key, bucket, next);
-                    self.see_held(bucket, next);
                 }
             }
         });
@@ -566,8 +560,6 @@ impl NodeLimiter {
                 rounds_since_report: 0,
                 closed_reports_sent: 0,
                 spend_floor: 0,
-                held_seen: 0,
-                held_seen_round: 0,
             },
         );
         true
@@ -636,35 +628,17 @@ impl NodeLimiter {
         self.stats.credit_returned += taken;
     }
 
-    /// Note what a live record's word holds while the scan has its bucket in hand.
-    fn see_held(&mut self, bucket: &KeyBucket, kw: KeyWindow) {
-        let round = self.round;
-        if let Some(rec) = self.records.get_mut(&kw)
-            && rec.place == Place::Live
-        {
-            rec.held_seen = bucket.credit_in(usize::from(rec.slot), kw.window);
-            rec.held_seen_round = round;
-        }
-    }
-
     /// The record's current numbers, as a report line.
     fn line(&self, kw: &KeyWindow, rec: &WindowRecord) -> ReportEntry {
-        self.line_from(kw, rec, None)
-    }
-
-    /// `held_live`: the live word's remainder if the caller read it already this round with
-    /// nothing of the reconciler's in between; otherwise the word is read now.
-    fn line_from(&self, kw: &KeyWindow, rec: &WindowRecord, held_live: Option<u64>) -> ReportEntry {
         let (held, spend) = match rec.place {
             // Saturating: a broken book must reach check_invariants, not panic here.
             Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
             Place::Live => {
-                let held = held_live.unwrap_or_else(|| {
-                    self.surface
-                        .get(&kw.key)
-                        .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
-                        .unwrap_or(0)
-                });
+                let held = self
+                    .surface
+                    .get(&kw.key)
+                    .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
+                    .unwrap_or(0);
                 (held, rec.received().saturating_sub(rec.returned + held))
             }
             Place::Closed { spend } => (0, spend),
@@ -690,9 +664,7 @@ impl NodeLimiter {
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
         let mut sent = Vec::new();
         for (kw, rec) in &self.records {
-            // `handle_tick` runs the scan, then this, with no grant or drain in between.
-            let held_live = (rec.held_seen_round == self.round).then_some(rec.held_seen);
-            let line = self.line_from(kw, rec, held_live);
+            let line = self.line(kw, rec);
             let reported = Reported {
                 spend: line.cumulative_spend,
                 held: line.held_credit,
