@@ -249,6 +249,12 @@ pub struct SurfaceConfig {
     pub backstop_multiple: u64,
     /// A reconciler that has not ticked for this long is a limiter-internal failure (D8).
     pub reconciler_stall_ms: u64,
+    /// Size the bucket map for `bucket_cap` at construction, so a new key never grows it
+    /// (a rehash under a shard's write lock would stall every decision on that shard). A
+    /// single-threaded simulator of many nodes turns it off: twenty tables sized for the
+    /// cap but a few percent full put each key on its own cache line far from the next,
+    /// and the reconciler's scan of them cost more than the state machines themselves.
+    pub presize: bool,
 }
 
 impl Default for SurfaceConfig {
@@ -258,6 +264,7 @@ impl Default for SurfaceConfig {
             round_ms: 25,
             backstop_multiple: 4,
             reconciler_stall_ms: 1_000,
+            presize: true,
         }
     }
 }
@@ -373,7 +380,10 @@ impl DecisionSurface {
         assert!(config.bucket_cap > 0 && config.round_ms > 0);
         Self {
             // Pre-size to the cap so the map never grows (and allocates) under load.
-            buckets: DashMap::with_capacity_and_hasher(config.bucket_cap, KeyIdHasherBuilder),
+            buckets: DashMap::with_capacity_and_hasher(
+                if config.presize { config.bucket_cap } else { 0 },
+                KeyIdHasherBuilder,
+            ),
             config,
             round: AtomicU64::new(0),
             next_round_wall_ms: AtomicU64::new(0),

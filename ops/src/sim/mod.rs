@@ -581,6 +581,8 @@ fn surface_for(cfg: &SimConfig) -> Arc<DecisionSurface> {
     Arc::new(DecisionSurface::new(SurfaceConfig {
         // Room for every key with eviction headroom (D7 starts at 90% of the cap).
         bucket_cap: (cfg.keys as usize * 2).max(1_024),
+        // Nothing here races a rehash, and compact tables keep the fleet in cache.
+        presize: false,
         ..SurfaceConfig::default()
     }))
 }
