@@ -3,6 +3,7 @@
 //! schema version (an unknown one rejects the envelope whole), then every field into the
 //! domain types. A value that comes out is fully valid; nothing partial ever comes out.
 
+use crate::canonical::{self, RawGrantEntry};
 use crate::hashing::DetSet;
 
 use prost::Message;
@@ -125,27 +126,46 @@ fn key_id(kind: &'static str, bytes: &[u8]) -> Result<KeyId, DecodeError> {
 }
 
 fn window(kind: &'static str, w: Option<&wire::WindowId>) -> Result<WindowId, DecodeError> {
-    let w = w.ok_or(DecodeError::Missing {
+    window_of(kind, w.map(|w| (w.length_ms, w.number)))
+}
+
+/// A window's (length_ms, number) as read off the wire.
+fn window_of(kind: &'static str, w: Option<(u32, u64)>) -> Result<WindowId, DecodeError> {
+    let (length_ms, number) = w.ok_or(DecodeError::Missing {
         kind,
         field: "window",
     })?;
-    if w.length_ms == 0 || w.length_ms > WINDOW_LENGTH_MS_MAX {
+    if length_ms == 0 || length_ms > WINDOW_LENGTH_MS_MAX {
         return Err(invalid(kind, "window.length_ms", "must be 1 ms to 1 day"));
     }
-    Ok(WindowId {
-        length_ms: w.length_ms,
-        number: w.number,
-    })
+    Ok(WindowId { length_ms, number })
 }
 
-fn key_window(kind: &'static str, kw: Option<&wire::KeyWindow>) -> Result<KeyWindow, DecodeError> {
+/// A key-window's fields as read off the wire, before validation: what the prost types
+/// and the canonical reader (`canonical`) both give, so both feed one validation.
+#[derive(Clone, Copy)]
+pub(crate) struct RawKeyWindow<'a> {
+    pub key_id: &'a [u8],
+    pub window: Option<(u32, u64)>,
+}
+
+impl<'a> RawKeyWindow<'a> {
+    fn of(kw: &'a wire::KeyWindow) -> Self {
+        Self {
+            key_id: &kw.key_id,
+            window: kw.window.map(|w| (w.length_ms, w.number)),
+        }
+    }
+}
+
+fn key_window(kind: &'static str, kw: Option<RawKeyWindow<'_>>) -> Result<KeyWindow, DecodeError> {
     let kw = kw.ok_or(DecodeError::Missing {
         kind,
         field: "key_window",
     })?;
     Ok(KeyWindow {
-        key: key_id(kind, &kw.key_id)?,
-        window: window(kind, kw.window.as_ref())?,
+        key: key_id(kind, kw.key_id)?,
+        window: window_of(kind, kw.window)?,
     })
 }
 
@@ -171,9 +191,37 @@ fn wire_key_window(kw: KeyWindow) -> wire::KeyWindow {
     }
 }
 
-fn report_entry(kind: &'static str, e: &wire::ReportEntry) -> Result<ReportEntry, DecodeError> {
+/// A report line's fields as read off the wire, before validation (see `RawKeyWindow`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct RawReportEntry<'a> {
+    pub key_window: Option<RawKeyWindow<'a>>,
+    pub allowance: u64,
+    pub cumulative_spend: u64,
+    pub demand: u64,
+    pub held_credit: u64,
+    pub applied_grant: u64,
+    pub returned: u64,
+    pub self_granted: u64,
+}
+
+impl<'a> RawReportEntry<'a> {
+    fn of(e: &'a wire::ReportEntry) -> Self {
+        Self {
+            key_window: e.key_window.as_ref().map(RawKeyWindow::of),
+            allowance: e.allowance,
+            cumulative_spend: e.cumulative_spend,
+            demand: e.demand,
+            held_credit: e.held_credit,
+            applied_grant: e.applied_grant,
+            returned: e.returned,
+            self_granted: e.self_granted,
+        }
+    }
+}
+
+fn report_entry(kind: &'static str, e: &RawReportEntry<'_>) -> Result<ReportEntry, DecodeError> {
     let out = ReportEntry {
-        key_window: key_window(kind, e.key_window.as_ref())?,
+        key_window: key_window(kind, e.key_window)?,
         allowance: e.allowance,
         cumulative_spend: e.cumulative_spend,
         demand: e.demand,
@@ -222,12 +270,22 @@ fn wire_report_entry(e: &ReportEntry) -> wire::ReportEntry {
     }
 }
 
-fn grant_entry(kind: &'static str, e: &wire::GrantEntry) -> Result<GrantEntry, DecodeError> {
+fn wire_grant(e: &wire::GrantEntry) -> RawGrantEntry<'_> {
+    RawGrantEntry {
+        key_window: e.key_window.as_ref().map(RawKeyWindow::of),
+        node_epoch: e.node_epoch,
+        grant_seq: e.grant_seq,
+        credit_total: e.credit_total,
+        exhausted: e.exhausted,
+    }
+}
+
+fn grant_entry(kind: &'static str, e: &RawGrantEntry<'_>) -> Result<GrantEntry, DecodeError> {
     if e.credit_total > WINDOW_LIMIT_MAX * 2 {
         return Err(invalid(kind, "credit_total", "above the credit range"));
     }
     Ok(GrantEntry {
-        key_window: key_window(kind, e.key_window.as_ref())?,
+        key_window: key_window(kind, e.key_window)?,
         node_epoch: NodeEpoch(epoch(kind, "node_epoch", e.node_epoch)?),
         grant_seq: e.grant_seq,
         credit_total: e.credit_total,
@@ -250,41 +308,93 @@ impl Envelope for ReportBatch {
     const MAX_BYTES: usize = REPORT_BATCH_BYTES_MAX;
 
     fn encode(&self) -> Vec<u8> {
-        wire::ReportBatch {
-            schema_version: SCHEMA_VERSION,
-            node: self.node.0,
-            node_epoch: self.node_epoch.0,
-            seq: self.seq,
-            shard: self.shard.0,
-            sent_at_ms: self.sent_at_ms,
-            owner_epoch_seen: self.owner_epoch_seen.0,
-            entries: self.entries.iter().map(wire_report_entry).collect(),
+        // The bytes prost writes for the `wire` message (`canonical`).
+        let header = [
+            (1, u64::from(SCHEMA_VERSION)),
+            (2, u64::from(self.node.0)),
+            (3, self.node_epoch.0),
+            (4, self.seq),
+            (5, u64::from(self.shard.0)),
+            (6, self.sent_at_ms),
+            (7, self.owner_epoch_seen.0),
+        ];
+        let len = canonical::header_len(&header)
+            + self
+                .entries
+                .iter()
+                .map(|e| canonical::report_entry_len(8, e))
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        canonical::put_header(&mut out, &header);
+        for e in &self.entries {
+            canonical::put_report_entry(&mut out, 8, e);
         }
-        .encode_to_vec()
+        debug_assert_eq!(out.len(), len);
+        out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let k = Self::KIND;
-        let m: wire::ReportBatch = parse(k, Self::MAX_BYTES, bytes)?;
-        version(k, m.schema_version)?;
-        let entries = unique_entries(
-            k,
-            &m.entries,
-            REPORT_ENTRIES_MAX,
-            report_entry,
-            |e| (e.key_window, NodeEpoch(0)),
-            "a key-window appears twice",
-        )?;
-        Ok(Self {
-            node: NodeId(m.node),
-            node_epoch: NodeEpoch(epoch(k, "node_epoch", m.node_epoch)?),
-            seq: m.seq,
-            shard: ShardId(m.shard),
-            sent_at_ms: m.sent_at_ms,
-            owner_epoch_seen: OwnerEpoch(m.owner_epoch_seen),
-            entries,
-        })
+        if bytes.len() <= Self::MAX_BYTES
+            && let Some(raw) = canonical::report_batch(bytes)
+        {
+            let [
+                _,
+                version_got,
+                node,
+                node_epoch,
+                seq,
+                shard,
+                sent_at_ms,
+                owner_epoch_seen,
+            ] = raw.scalars;
+            return report_batch_of(
+                [version_got, node, shard].map(|v| v as u32),
+                [node_epoch, seq, sent_at_ms, owner_epoch_seen],
+                &raw.entries,
+            );
+        }
+        report_batch_via_prost(bytes)
     }
+}
+
+/// Every input the canonical reader declines: prost's reading, which tolerates unknown
+/// fields, repeats and any field order.
+fn report_batch_via_prost(bytes: &[u8]) -> Result<ReportBatch, DecodeError> {
+    let m: wire::ReportBatch = parse(ReportBatch::KIND, ReportBatch::MAX_BYTES, bytes)?;
+    let entries: Vec<RawReportEntry<'_>> = m.entries.iter().map(RawReportEntry::of).collect();
+    report_batch_of(
+        [m.schema_version, m.node, m.shard],
+        [m.node_epoch, m.seq, m.sent_at_ms, m.owner_epoch_seen],
+        &entries,
+    )
+}
+
+/// Validation of a report batch read by either path, in the order the checks are
+/// documented: schema version, entries, node epoch.
+fn report_batch_of(
+    [schema_version, node, shard]: [u32; 3],
+    [node_epoch, seq, sent_at_ms, owner_epoch_seen]: [u64; 4],
+    raw_entries: &[RawReportEntry<'_>],
+) -> Result<ReportBatch, DecodeError> {
+    let k = ReportBatch::KIND;
+    version(k, schema_version)?;
+    let entries = unique_entries(
+        k,
+        raw_entries,
+        REPORT_ENTRIES_MAX,
+        report_entry,
+        |e| (e.key_window, NodeEpoch(0)),
+        "a key-window appears twice",
+    )?;
+    Ok(ReportBatch {
+        node: NodeId(node),
+        node_epoch: NodeEpoch(epoch(k, "node_epoch", node_epoch)?),
+        seq,
+        shard: ShardId(shard),
+        sent_at_ms,
+        owner_epoch_seen: OwnerEpoch(owner_epoch_seen),
+        entries,
+    })
 }
 
 /// A batch's entries: at most `max`, each validated, no two with the same identity
@@ -302,6 +412,14 @@ fn unique_entries<W, T>(
         .iter()
         .map(|e| validate(k, e))
         .collect::<Result<Vec<_>, _>>()?;
+    // Senders write entries in order; strictly increasing identities are distinct without
+    // building a set.
+    if entries
+        .windows(2)
+        .all(|p| identity(&p[0]) < identity(&p[1]))
+    {
+        return Ok(entries);
+    }
     let mut seen = DetSet::with_capacity_and_hasher(entries.len(), Default::default());
     if !entries.iter().all(|e| seen.insert(identity(e))) {
         return Err(invalid(k, "entries", duplicate));
@@ -314,35 +432,70 @@ impl Envelope for GrantBatch {
     const MAX_BYTES: usize = GRANT_BATCH_BYTES_MAX;
 
     fn encode(&self) -> Vec<u8> {
-        wire::GrantBatch {
-            schema_version: SCHEMA_VERSION,
-            owner_epoch: self.owner_epoch.0,
-            shard: self.shard.0,
-            node: self.node.0,
-            entries: self.entries.iter().map(wire_grant_entry).collect(),
+        // The bytes prost writes for the `wire` message (`canonical`).
+        let header = [
+            (1, u64::from(SCHEMA_VERSION)),
+            (2, self.owner_epoch.0),
+            (3, u64::from(self.shard.0)),
+            (4, u64::from(self.node.0)),
+        ];
+        let len = canonical::header_len(&header)
+            + self
+                .entries
+                .iter()
+                .map(|e| canonical::grant_entry_len(5, e))
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        canonical::put_header(&mut out, &header);
+        for e in &self.entries {
+            canonical::put_grant_entry(&mut out, 5, e);
         }
-        .encode_to_vec()
+        debug_assert_eq!(out.len(), len);
+        out
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let k = Self::KIND;
-        let m: wire::GrantBatch = parse(k, Self::MAX_BYTES, bytes)?;
-        version(k, m.schema_version)?;
-        let entries = unique_entries(
-            k,
-            &m.entries,
-            GRANT_ENTRIES_MAX,
-            grant_entry,
-            |e| (e.key_window, e.node_epoch),
-            "a key-window and node epoch appear twice",
-        )?;
-        Ok(Self {
-            owner_epoch: OwnerEpoch(epoch(k, "owner_epoch", m.owner_epoch)?),
-            shard: ShardId(m.shard),
-            node: NodeId(m.node),
-            entries,
-        })
+        if bytes.len() <= Self::MAX_BYTES
+            && let Some(raw) = canonical::grant_batch(bytes)
+        {
+            let [_, version_got, owner_epoch, shard, node] = raw.scalars;
+            return grant_batch_of(
+                [version_got, shard, node].map(|v| v as u32),
+                owner_epoch,
+                &raw.entries,
+            );
+        }
+        grant_batch_via_prost(bytes)
     }
+}
+
+fn grant_batch_via_prost(bytes: &[u8]) -> Result<GrantBatch, DecodeError> {
+    let m: wire::GrantBatch = parse(GrantBatch::KIND, GrantBatch::MAX_BYTES, bytes)?;
+    let entries: Vec<RawGrantEntry<'_>> = m.entries.iter().map(wire_grant).collect();
+    grant_batch_of([m.schema_version, m.shard, m.node], m.owner_epoch, &entries)
+}
+
+fn grant_batch_of(
+    [schema_version, shard, node]: [u32; 3],
+    owner_epoch: u64,
+    raw_entries: &[RawGrantEntry<'_>],
+) -> Result<GrantBatch, DecodeError> {
+    let k = GrantBatch::KIND;
+    version(k, schema_version)?;
+    let entries = unique_entries(
+        k,
+        raw_entries,
+        GRANT_ENTRIES_MAX,
+        grant_entry,
+        |e| (e.key_window, e.node_epoch),
+        "a key-window and node epoch appear twice",
+    )?;
+    Ok(GrantBatch {
+        owner_epoch: OwnerEpoch(epoch(k, "owner_epoch", owner_epoch)?),
+        shard: ShardId(shard),
+        node: NodeId(node),
+        entries,
+    })
 }
 
 impl Envelope for FastPathRequest {
@@ -376,7 +529,7 @@ impl Envelope for FastPathRequest {
             shard: ShardId(m.shard),
             request_id: m.request_id,
             owner_epoch_seen: OwnerEpoch(m.owner_epoch_seen),
-            entry: report_entry(k, entry)?,
+            entry: report_entry(k, &RawReportEntry::of(entry))?,
         })
     }
 }
@@ -411,7 +564,7 @@ impl Envelope for FastPathReply {
             kind: k,
             field: "outcome",
         })? {
-            Outcome::Granted(g) => FastPathOutcome::Granted(grant_entry(k, g)?),
+            Outcome::Granted(g) => FastPathOutcome::Granted(grant_entry(k, &wire_grant(g))?),
             Outcome::Refused(r) => FastPathOutcome::Refused {
                 exhausted: r.exhausted,
             },
@@ -587,5 +740,211 @@ impl Envelope for PolicySnapshot {
             plans,
             keys,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The canonical writer and reader (`canonical`) against prost: the same bytes out,
+    //! and the same result (value or error) for any input, valid or not.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    fn prost_report(b: &ReportBatch) -> Vec<u8> {
+        wire::ReportBatch {
+            schema_version: SCHEMA_VERSION,
+            node: b.node.0,
+            node_epoch: b.node_epoch.0,
+            seq: b.seq,
+            shard: b.shard.0,
+            sent_at_ms: b.sent_at_ms,
+            owner_epoch_seen: b.owner_epoch_seen.0,
+            entries: b.entries.iter().map(wire_report_entry).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn prost_grant(b: &GrantBatch) -> Vec<u8> {
+        wire::GrantBatch {
+            schema_version: SCHEMA_VERSION,
+            owner_epoch: b.owner_epoch.0,
+            shard: b.shard.0,
+            node: b.node.0,
+            entries: b.entries.iter().map(wire_grant_entry).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    /// Small values most of the time (0 is a left-out field), any value sometimes.
+    fn num() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..3, 0u64..300, any::<u64>()]
+    }
+
+    fn key_window() -> impl Strategy<Value = KeyWindow> {
+        (
+            1u8..=255,
+            any::<u128>(),
+            prop_oneof![Just(0u32), any::<u32>()],
+            num(),
+        )
+            .prop_map(|(version, digest, length_ms, number)| KeyWindow {
+                key: KeyId { version, digest },
+                window: WindowId { length_ms, number },
+            })
+    }
+
+    fn report() -> impl Strategy<Value = ReportBatch> {
+        let entry =
+            (key_window(), proptest::array::uniform7(num())).prop_map(|(kw, v)| ReportEntry {
+                key_window: kw,
+                allowance: v[0],
+                cumulative_spend: v[1],
+                demand: v[2],
+                held_credit: v[3],
+                applied_grant: v[4],
+                returned: v[5],
+                self_granted: v[6],
+            });
+        (
+            proptest::array::uniform6(num()),
+            proptest::collection::vec(entry, 0..6),
+        )
+            .prop_map(|(h, entries)| ReportBatch {
+                node: NodeId(h[0] as u32),
+                node_epoch: NodeEpoch(h[1]),
+                seq: h[2],
+                shard: ShardId(h[3] as u32),
+                sent_at_ms: h[4],
+                owner_epoch_seen: OwnerEpoch(h[5]),
+                entries,
+            })
+    }
+
+    fn grant() -> impl Strategy<Value = GrantBatch> {
+        let entry = (key_window(), num(), num(), num(), any::<bool>()).prop_map(
+            |(kw, epoch, seq, total, exhausted)| GrantEntry {
+                key_window: kw,
+                node_epoch: NodeEpoch(epoch),
+                grant_seq: seq,
+                credit_total: total,
+                exhausted,
+            },
+        );
+        (num(), num(), num(), proptest::collection::vec(entry, 0..6)).prop_map(
+            |(epoch, shard, node, entries)| GrantBatch {
+                owner_epoch: OwnerEpoch(epoch),
+                shard: ShardId(shard as u32),
+                node: NodeId(node as u32),
+                entries,
+            },
+        )
+    }
+
+    /// Damage to canonical bytes: a byte changed, bytes cut, a byte inserted.
+    fn damage(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
+        for &(at, kind, b) in edits {
+            let at = at % (bytes.len() + 1);
+            match kind % 4 {
+                0 if at < bytes.len() => bytes[at] = b,
+                1 => bytes.truncate(at),
+                2 => bytes.insert(at, b),
+                _ if at < bytes.len() => bytes[at] ^= 1 << (b % 8),
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    fn same<T: std::fmt::Debug>(a: Result<T, DecodeError>, b: Result<T, DecodeError>) -> bool {
+        format!("{a:?}") == format!("{b:?}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn report_bytes_match_prost(r in report()) {
+            prop_assert_eq!(r.encode(), prost_report(&r));
+        }
+
+        #[test]
+        fn grant_bytes_match_prost(g in grant()) {
+            prop_assert_eq!(g.encode(), prost_grant(&g));
+        }
+
+        #[test]
+        fn report_decoding_matches_prost(
+            r in report(),
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..3),
+        ) {
+            let bytes = damage(r.encode(), &edits);
+            prop_assert!(same(ReportBatch::decode(&bytes), report_batch_via_prost(&bytes)));
+        }
+
+        #[test]
+        fn grant_decoding_matches_prost(
+            g in grant(),
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..3),
+        ) {
+            let bytes = damage(g.encode(), &edits);
+            prop_assert!(same(GrantBatch::decode(&bytes), grant_batch_via_prost(&bytes)));
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_as_prost_does(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            prop_assert!(same(ReportBatch::decode(&bytes), report_batch_via_prost(&bytes)));
+            prop_assert!(same(GrantBatch::decode(&bytes), grant_batch_via_prost(&bytes)));
+        }
+    }
+
+    #[test]
+    fn prost_layouts_the_canonical_reader_declines_still_decode() {
+        // Fields out of order, a field twice and an unknown field: prost reads them all.
+        let mut m = wire::ReportBatch {
+            schema_version: SCHEMA_VERSION,
+            node: 3,
+            node_epoch: 7,
+            seq: 9,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        m.extend_from_slice(&[0x10, 0x05]); // node = 5 again, after field 4
+        m.extend_from_slice(&[0xa0, 0x06, 0x01]); // field 100, unknown
+        assert!(canonical::report_batch(&m).is_none());
+        let b = ReportBatch::decode(&m).expect("prost reads it");
+        assert_eq!((b.node, b.seq), (NodeId(5), 9));
+    }
+
+    #[test]
+    fn a_bool_is_any_non_zero_varint_on_both_paths() {
+        let g = GrantBatch {
+            owner_epoch: OwnerEpoch(1),
+            shard: ShardId(0),
+            node: NodeId(0),
+            entries: vec![GrantEntry {
+                key_window: KeyWindow {
+                    key: KeyId {
+                        version: 1,
+                        digest: 5,
+                    },
+                    window: WindowId {
+                        length_ms: 1_000,
+                        number: 3,
+                    },
+                },
+                node_epoch: NodeEpoch(1),
+                grant_seq: 1,
+                credit_total: 4,
+                exhausted: true,
+            }],
+        };
+        let mut bytes = g.encode();
+        assert_eq!(bytes[bytes.len() - 2..], [0x28, 0x01]);
+        *bytes.last_mut().expect("non-empty") = 0x02;
+        assert!(canonical::grant_batch(&bytes).is_some());
+        let decoded = GrantBatch::decode(&bytes).expect("valid");
+        assert!(decoded.entries[0].exhausted);
+        assert!(same(Ok(decoded), grant_batch_via_prost(&bytes)));
     }
 }

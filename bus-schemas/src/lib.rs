@@ -8,6 +8,7 @@
 //! * [`hashing`] — the fast deterministic hasher the state machines' maps share.
 //! * `wire` — prost types generated at build time from `proto/` with a vendored protoc.
 
+mod canonical;
 pub mod codec;
 pub mod domain;
 pub mod hashing;
