@@ -156,12 +156,45 @@ impl Line {
     }
 }
 
+/// A ledger's lines, one per node epoch that reported the key-window. A key-window is
+/// held by one or two nodes in most traffic and by every node at most (plus restarted
+/// epochs), so a short vector searched in order beats a hash map per ledger: one
+/// allocation instead of a table, no hashing, and the full check walks it in sequence.
+/// Only sums are ever taken over it, so its order is never observable.
+#[derive(Clone, Debug, Default)]
+struct Lines(Vec<((NodeId, NodeEpoch), Line)>);
+
+impl Lines {
+    fn get(&self, id: &(NodeId, NodeEpoch)) -> Option<&Line> {
+        self.0.iter().find(|(k, _)| k == id).map(|(_, l)| l)
+    }
+
+    fn get_mut(&mut self, id: &(NodeId, NodeEpoch)) -> Option<&mut Line> {
+        self.0.iter_mut().find(|(k, _)| k == id).map(|(_, l)| l)
+    }
+
+    /// The line for `id`, added empty if absent; true when it was added.
+    fn get_or_insert(&mut self, id: (NodeId, NodeEpoch)) -> (&mut Line, bool) {
+        match self.0.iter().position(|(k, _)| *k == id) {
+            Some(i) => (&mut self.0[i].1, false),
+            None => {
+                self.0.push((id, Line::default()));
+                (&mut self.0.last_mut().expect("just pushed").1, true)
+            }
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Line> {
+        self.0.iter().map(|(_, l)| l)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Ledger {
     /// The smallest allowance any node reported: a policy switch mid-window only tightens.
     allowance: u64,
     reserve_released: bool,
-    lines: DetMap<(NodeId, NodeEpoch), Line>,
+    lines: Lines,
     /// Fixed mode: nodes that took their share this window.
     fixed_nodes_seen: u32,
 }
@@ -176,16 +209,10 @@ impl Ledger {
     }
 
     fn issued_net(&self) -> u64 {
-        self.lines
-            .values()
-            .map(|l| l.issued())
-            .sum::<u64>()
-            .saturating_sub(
-                self.lines
-                    .values()
-                    .map(|l| l.returned.min(l.issued() + l.self_granted))
-                    .sum::<u64>(),
-            )
+        let (issued, returned) = self.lines.values().fold((0u64, 0u64), |(i, r), l| {
+            (i + l.issued(), r + l.returned.min(l.issued() + l.self_granted))
+        });
+        issued.saturating_sub(returned)
     }
 
     /// Everything that may still be or has been spent: owner credit, self-grants, and in
@@ -365,30 +392,29 @@ impl FoldOwner {
         now: Now,
     ) -> bool {
         let kw = entry.key_window;
-        if !self.ledgers.contains_key(&kw) {
-            if self.ledgers.len() >= self.config.ledgers_cap {
-                self.stats.ledgers_refused += 1;
-                return false;
-            }
-            let cap = self.policy.as_ref().and_then(|p| p.limit(&kw));
-            self.ledgers.insert(
-                kw,
-                Ledger {
+        let withhold_ms = self.config.withhold_rounds * self.round_ms();
+        let ledgers_len = self.ledgers.len();
+        let ledger = match self.ledgers.entry(kw) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                if ledgers_len >= self.config.ledgers_cap {
+                    self.stats.ledgers_refused += 1;
+                    return false;
+                }
+                let cap = self.policy.as_ref().and_then(|p| p.limit(&kw));
+                v.insert(Ledger {
                     allowance: cap.map_or(entry.allowance, |c| c.min(entry.allowance)),
                     reserve_released: false,
-                    lines: DetMap::default(),
+                    lines: Lines::default(),
                     fixed_nodes_seen: 0,
-                },
-            );
-        }
-        let withhold_ms = self.config.withhold_rounds * self.round_ms();
-        let ledger = self.ledgers.get_mut(&kw).expect("just inserted");
+                })
+            }
+        };
         ledger.allowance = ledger.allowance.min(entry.allowance);
-        let is_new_line = !ledger.lines.contains_key(&(node, epoch));
+        let (line, is_new_line) = ledger.lines.get_or_insert((node, epoch));
         if is_new_line && self.config.mode == OwnerMode::Fixed {
             ledger.fixed_nodes_seen += 1;
         }
-        let line = ledger.lines.entry((node, epoch)).or_default();
         if !is_new_line && seq <= line.seq {
             self.stats.entries_stale += 1;
             return true;
