@@ -210,7 +210,10 @@ impl Ledger {
 
     fn issued_net(&self) -> u64 {
         let (issued, returned) = self.lines.values().fold((0u64, 0u64), |(i, r), l| {
-            (i + l.issued(), r + l.returned.min(l.issued() + l.self_granted))
+            (
+                i + l.issued(),
+                r + l.returned.min(l.issued() + l.self_granted),
+            )
         });
         issued.saturating_sub(returned)
     }

@@ -218,6 +218,43 @@ impl KeyTrack {
     }
 }
 
+/// Everything the reconciler keeps for one key: its demand track and the book of each of
+/// its key-windows (the current window of each plan slot, a prefetched next one, closed
+/// ones awaiting their final reports: a handful). Grouped by key, a round's passes look a
+/// key up once and its bucket on the surface once for all its windows, where one map per
+/// key-window cost a lookup in each map per window per pass.
+#[derive(Clone, Debug, Default)]
+struct KeyState {
+    /// `None` until a tick or an install sees the key, and again after eviction (D7);
+    /// the records outlive it so spend is never forgotten mid-window.
+    track: Option<KeyTrack>,
+    records: Vec<(WindowId, WindowRecord)>,
+}
+
+impl KeyState {
+    fn rec(&self, window: WindowId) -> Option<&WindowRecord> {
+        self.records
+            .iter()
+            .find(|(w, _)| *w == window)
+            .map(|(_, r)| r)
+    }
+
+    fn rec_mut(&mut self, window: WindowId) -> Option<&mut WindowRecord> {
+        self.records
+            .iter_mut()
+            .find(|(w, _)| *w == window)
+            .map(|(_, r)| r)
+    }
+
+    fn has_live(&self) -> bool {
+        self.records.iter().any(|(_, r)| r.place == Place::Live)
+    }
+
+    fn demand(&self) -> u64 {
+        self.track.as_ref().map(KeyTrack::demand).unwrap_or(0)
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct ShardLink {
     owner_epoch_seen: OwnerEpoch,
@@ -245,8 +282,9 @@ pub struct NodeLimiter {
     surface: Arc<DecisionSurface>,
     epoch: NodeEpoch,
     round: u64,
-    keys: DetMap<KeyId, KeyTrack>,
-    records: DetMap<KeyWindow, WindowRecord>,
+    keys: DetMap<KeyId, KeyState>,
+    /// Records across every key (the cap counts them).
+    records_len: usize,
     links: Vec<ShardLink>,
     pending: DetMap<u64, PendingFastPath>,
     next_request_id: u64,
@@ -303,7 +341,7 @@ impl NodeLimiter {
             epoch,
             round: 0,
             keys: DetMap::default(),
-            records: DetMap::default(),
+            records_len: 0,
             links,
             pending: DetMap::default(),
             next_request_id: 1,
@@ -414,49 +452,53 @@ impl NodeLimiter {
     fn close_ended_windows(&mut self, now: Now) {
         let closed_reports = self.config.closed_reports;
         let surface = Arc::clone(&self.surface);
-        let mut reap = Vec::new();
-        for (kw, rec) in self.records.iter_mut() {
-            if window_end_ms(kw.key, kw.window) > now.wall_ms {
-                continue;
-            }
-            match rec.place {
-                Place::Closed { .. } => {
-                    if rec.closed_reports_sent >= closed_reports {
-                        reap.push(*kw);
+        let mut reaped = 0;
+        self.keys.retain(|key, state| {
+            let KeyState { track, records } = state;
+            records.retain_mut(|(window, rec)| {
+                if window_end_ms(*key, *window) > now.wall_ms {
+                    return true;
+                }
+                match rec.place {
+                    Place::Closed { .. } => {
+                        if rec.closed_reports_sent >= closed_reports {
+                            reaped += 1;
+                            return false;
+                        }
                     }
-                }
-                Place::Off { credit } => {
-                    rec.place = Place::Closed {
-                        spend: rec.received() - rec.returned - credit,
-                    };
-                }
-                Place::Live => {
-                    let taken = surface
-                        .get(&kw.key)
-                        .and_then(|b| {
-                            credit::drain(
-                                b.word(usize::from(rec.slot), kw.window),
-                                credit::tag_of(kw.window.number),
-                            )
-                        })
-                        .expect(
-                            "a live record's word holds its window (checked by check_invariants)",
-                        );
-                    rec.place = Place::Closed {
-                        spend: rec.received() - rec.returned - taken,
-                    };
-                    if let Some(track) = self.keys.get_mut(&kw.key) {
-                        let p = credit::parity(kw.window.number);
-                        if track.installed[usize::from(rec.slot)][p] == Some(kw.window.number) {
-                            track.installed[usize::from(rec.slot)][p] = None;
+                    Place::Off { credit } => {
+                        rec.place = Place::Closed {
+                            spend: rec.received() - rec.returned - credit,
+                        };
+                    }
+                    Place::Live => {
+                        let taken = surface
+                            .get(key)
+                            .and_then(|b| {
+                                credit::drain(
+                                    b.word(usize::from(rec.slot), *window),
+                                    credit::tag_of(window.number),
+                                )
+                            })
+                            .expect(
+                                "a live record's word holds its window (checked by check_invariants)",
+                            );
+                        rec.place = Place::Closed {
+                            spend: rec.received() - rec.returned - taken,
+                        };
+                        if let Some(track) = track.as_mut() {
+                            let p = credit::parity(window.number);
+                            if track.installed[usize::from(rec.slot)][p] == Some(window.number) {
+                                track.installed[usize::from(rec.slot)][p] = None;
+                            }
                         }
                     }
                 }
-            }
-        }
-        for kw in reap {
-            self.records.remove(&kw);
-        }
+                true
+            });
+            track.is_some() || !records.is_empty()
+        });
+        self.records_len -= reaped;
     }
 
     fn scan_surface(&mut self, now: Now) {
@@ -464,7 +506,12 @@ impl NodeLimiter {
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
         surface.for_each(|key, bucket| {
             let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
-            let track = self.keys.entry(key).or_default();
+            let track = self
+                .keys
+                .entry(key)
+                .or_default()
+                .track
+                .get_or_insert_with(KeyTrack::default);
             let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
             track.last_attempts = attempts;
             // Peak-biased smoothing: rises within one round, decays over about eight, so a
@@ -491,7 +538,7 @@ impl NodeLimiter {
                     key,
                     window: current,
                 };
-                if active || self.records.contains_key(&kw) {
+                if active || self.has_record(&kw) {
                     self.ensure_record(now, kw, slot, spec.limit);
                     self.install(key, bucket, kw);
                     if idle && self.config.mode == Mode::Leasing {
@@ -504,7 +551,7 @@ impl NodeLimiter {
                 };
                 let near_end =
                     window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
-                if (near_end && active) || self.records.contains_key(&next) {
+                if (near_end && active) || self.has_record(&next) {
                     self.ensure_record(now, next, slot, spec.limit);
                     self.install(key, bucket, next);
                 }
@@ -515,7 +562,7 @@ impl NodeLimiter {
     /// Create the record for a key-window this node is about to use; in fixed mode or
     /// with the owner silent at a boundary, the node gives itself its share here.
     fn ensure_record(&mut self, now: Now, kw: KeyWindow, slot: usize, allowance: u64) -> bool {
-        if self.records.contains_key(&kw) {
+        if self.has_record(&kw) {
             return true;
         }
         let shard = kw.shard(self.config.shards);
@@ -538,12 +585,13 @@ impl NodeLimiter {
         allowance: u64,
         self_granted: u64,
     ) -> bool {
-        if self.records.len() >= self.config.records_cap {
+        if self.records_len >= self.config.records_cap {
             self.stats.records_refused += 1;
             return false;
         }
-        self.records.insert(
-            kw,
+        self.records_len += 1;
+        self.keys.entry(kw.key).or_default().records.push((
+            kw.window,
             WindowRecord {
                 slot: slot as u8,
                 allowance,
@@ -561,14 +609,34 @@ impl NodeLimiter {
                 closed_reports_sent: 0,
                 spend_floor: 0,
             },
-        );
+        ));
         true
+    }
+
+    fn has_record(&self, kw: &KeyWindow) -> bool {
+        self.record(kw).is_some()
+    }
+
+    fn record(&self, kw: &KeyWindow) -> Option<&WindowRecord> {
+        self.keys.get(&kw.key)?.rec(kw.window)
+    }
+
+    fn record_mut(&mut self, kw: &KeyWindow) -> Option<&mut WindowRecord> {
+        self.keys.get_mut(&kw.key)?.rec_mut(kw.window)
     }
 
     /// Move a record's credit into its credit word, closing whatever older window the word
     /// still held (that window ended at least one window ago: parity alternates).
     fn install(&mut self, key: KeyId, bucket: &KeyBucket, kw: KeyWindow) {
-        let Some(rec) = self.records.get(&kw) else {
+        let Some(state) = self.keys.get_mut(&key) else {
+            return;
+        };
+        let KeyState { track, records } = state;
+        let Some(rec) = records
+            .iter()
+            .find(|(w, _)| *w == kw.window)
+            .map(|(_, r)| r)
+        else {
             return;
         };
         let Place::Off { credit: off_credit } = rec.place else {
@@ -576,18 +644,15 @@ impl NodeLimiter {
         };
         let slot = usize::from(rec.slot);
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
-        let track = self.keys.entry(key).or_default();
+        let track = track.get_or_insert_with(KeyTrack::default);
         if let Some(older) = track.installed[slot][p].filter(|n| *n != kw.window.number) {
-            let older_kw = KeyWindow {
-                key,
-                window: WindowId {
-                    length_ms: kw.window.length_ms,
-                    number: older,
-                },
+            let older_window = WindowId {
+                length_ms: kw.window.length_ms,
+                number: older,
             };
-            let taken = credit::drain(bucket.word(slot, older_kw.window), credit::tag_of(older))
-                .unwrap_or(0);
-            if let Some(old) = self.records.get_mut(&older_kw)
+            let taken =
+                credit::drain(bucket.word(slot, older_window), credit::tag_of(older)).unwrap_or(0);
+            if let Some((_, old)) = records.iter_mut().find(|(w, _)| *w == older_window)
                 && old.place == Place::Live
             {
                 old.place = Place::Closed {
@@ -602,7 +667,7 @@ impl NodeLimiter {
             off_credit,
             exhausted,
         );
-        if let Some(rec) = self.records.get_mut(&kw) {
+        if let Some((_, rec)) = records.iter_mut().find(|(w, _)| *w == kw.window) {
             rec.place = Place::Live;
         }
     }
@@ -613,7 +678,7 @@ impl NodeLimiter {
         if self.link_health(kw.shard(self.config.shards), now) != LinkHealth::Healthy {
             return;
         }
-        let Some(rec) = self.records.get_mut(&kw) else {
+        let Some(rec) = self.record_mut(&kw) else {
             return;
         };
         if rec.place != Place::Live {
@@ -630,73 +695,64 @@ impl NodeLimiter {
 
     /// The record's current numbers, as a report line.
     fn line(&self, kw: &KeyWindow, rec: &WindowRecord) -> ReportEntry {
-        let (held, spend) = match rec.place {
-            // Saturating: a broken book must reach check_invariants, not panic here.
-            Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
-            Place::Live => {
-                let held = self
-                    .surface
-                    .get(&kw.key)
-                    .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
-                    .unwrap_or(0);
-                (held, rec.received().saturating_sub(rec.returned + held))
-            }
-            Place::Closed { spend } => (0, spend),
+        let state = self.keys.get(&kw.key);
+        let bucket = match rec.place {
+            Place::Live => self.surface.get(&kw.key),
+            _ => None,
         };
-        let demand = match rec.place {
-            Place::Closed { .. } => 0,
-            _ => self.keys.get(&kw.key).map(KeyTrack::demand).unwrap_or(0),
-        };
-        ReportEntry {
-            key_window: *kw,
-            allowance: rec.allowance,
-            cumulative_spend: spend,
-            demand,
-            held_credit: held,
-            applied_grant: rec.applied_grant,
-            returned: rec.returned,
-            self_granted: rec.self_granted,
-        }
+        line_of(
+            bucket.as_deref(),
+            state.map(KeyState::demand).unwrap_or(0),
+            kw,
+            rec,
+        )
     }
 
     fn write_reports(&mut self, now: Now) {
         let shards = self.config.shards as usize;
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
-        let mut sent = Vec::new();
-        for (kw, rec) in &self.records {
-            let line = self.line(kw, rec);
-            let reported = Reported {
-                spend: line.cumulative_spend,
-                held: line.held_credit,
-                demand_band: demand_band(line.demand),
-                applied: line.applied_grant,
-                returned: line.returned,
-                self_granted: line.self_granted,
-            };
-            let closed = matches!(rec.place, Place::Closed { .. });
-            let shard = kw.shard(self.config.shards).0 as usize;
-            let due = if self.links[shard].full_report_due {
-                true
-            } else if closed {
-                rec.closed_reports_sent < self.config.closed_reports
+        let surface = Arc::clone(&self.surface);
+        let (config, links) = (&self.config, &self.links);
+        for (key, state) in self.keys.iter_mut() {
+            let bucket = if state.has_live() {
+                surface.get(key)
             } else {
-                rec.last_reported != Some(reported)
-                    || rec.rounds_since_report + 1 >= self.config.refresh_rounds
+                None
             };
-            if due {
-                per_shard[shard].push(line);
-                sent.push((*kw, reported));
-            }
-        }
-        for rec in self.records.values_mut() {
-            rec.rounds_since_report += 1;
-        }
-        for (kw, reported) in sent {
-            if let Some(rec) = self.records.get_mut(&kw) {
-                rec.last_reported = Some(reported);
-                rec.rounds_since_report = 0;
-                if matches!(rec.place, Place::Closed { .. }) {
-                    rec.closed_reports_sent += 1;
+            let demand = state.demand();
+            for (window, rec) in state.records.iter_mut() {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
+                let line = line_of(bucket.as_deref(), demand, &kw, rec);
+                let reported = Reported {
+                    spend: line.cumulative_spend,
+                    held: line.held_credit,
+                    demand_band: demand_band(line.demand),
+                    applied: line.applied_grant,
+                    returned: line.returned,
+                    self_granted: line.self_granted,
+                };
+                let closed = matches!(rec.place, Place::Closed { .. });
+                let shard = kw.shard(config.shards).0 as usize;
+                let due = if links[shard].full_report_due {
+                    true
+                } else if closed {
+                    rec.closed_reports_sent < config.closed_reports
+                } else {
+                    rec.last_reported != Some(reported)
+                        || rec.rounds_since_report + 1 >= config.refresh_rounds
+                };
+                if due {
+                    per_shard[shard].push(line);
+                    rec.last_reported = Some(reported);
+                    rec.rounds_since_report = 0;
+                    if closed {
+                        rec.closed_reports_sent += 1;
+                    }
+                } else {
+                    rec.rounds_since_report += 1;
                 }
             }
         }
@@ -754,6 +810,7 @@ impl NodeLimiter {
                 let idle_rounds = self
                     .keys
                     .get(&key)
+                    .and_then(|s| s.track.as_ref())
                     .map(|t| t.idle_rounds)
                     .unwrap_or(u32::MAX);
                 candidates.push((std::cmp::Reverse(idle_rounds), key));
@@ -769,7 +826,12 @@ impl NodeLimiter {
             });
             if gone {
                 self.stats.evictions += 1;
-                self.keys.remove(&key);
+                if let Some(state) = self.keys.get_mut(&key) {
+                    state.track = None;
+                    if state.records.is_empty() {
+                        self.keys.remove(&key);
+                    }
+                }
                 evicted.insert(key);
             }
         }
@@ -778,9 +840,16 @@ impl NodeLimiter {
         }
         // The words went with the bucket and held nothing; the records keep the spend,
         // and credit granted later waits off-word until the key is seen again.
-        for (kw, rec) in self.records.iter_mut() {
-            if rec.place == Place::Live && evicted.contains(&kw.key) {
-                rec.place = Place::Off { credit: 0 };
+        for key in &evicted {
+            for (_, rec) in self
+                .keys
+                .get_mut(key)
+                .into_iter()
+                .flat_map(|s| &mut s.records)
+            {
+                if rec.place == Place::Live {
+                    rec.place = Place::Off { credit: 0 };
+                }
             }
         }
     }
@@ -857,7 +926,7 @@ impl NodeLimiter {
         if let Some(bucket) = surface.get(&kw.key) {
             self.install(kw.key, &bucket, kw);
         }
-        let rec = &self.records[&kw];
+        let rec = self.record(&kw).expect("ensured above");
         let entry = self.line(&kw, rec);
         let request_id = self.next_request_id;
         self.next_request_id += 1;
@@ -907,7 +976,11 @@ impl NodeLimiter {
     }
 
     fn mark_exhausted(&mut self, kw: KeyWindow) {
-        let Some(rec) = self.records.get_mut(&kw) else {
+        let Some(rec) = self
+            .keys
+            .get_mut(&kw.key)
+            .and_then(|s| s.rec_mut(kw.window))
+        else {
             return;
         };
         rec.exhausted = true;
@@ -968,7 +1041,7 @@ impl NodeLimiter {
             return false;
         }
         let kw = entry.key_window;
-        if !self.records.contains_key(&kw) {
+        if !self.has_record(&kw) {
             // A grant can arrive before a tick saw the key (the fast path on a new key, or a
             // pre-grant for the next window); it needs the key's bucket to know the slot.
             let slot = self.surface.get(&kw.key).and_then(|b| {
@@ -991,7 +1064,11 @@ impl NodeLimiter {
                 return false;
             }
         }
-        let rec = self.records.get_mut(&kw).expect("just ensured");
+        let rec = self
+            .keys
+            .get_mut(&kw.key)
+            .and_then(|s| s.rec_mut(kw.window))
+            .expect("just ensured");
         if (owner_epoch, entry.grant_seq) <= (rec.owner_epoch, rec.grant_seq) {
             self.stats.grants_duplicate += 1;
             return false;
@@ -1072,8 +1149,15 @@ impl NodeLimiter {
         // Every record of a switching key, with the slot its window length has in the
         // new plan (None: the new plan has no window of that length).
         let mut moves: DetMap<KeyId, Vec<(KeyWindow, usize, Option<usize>)>> = DetMap::default();
-        for (kw, rec) in &self.records {
-            if let Some(policy) = switching.get(&kw.key) {
+        for (key, state) in &self.keys {
+            let Some(policy) = switching.get(key) else {
+                continue;
+            };
+            for (window, rec) in &state.records {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
                 let new_slot = policy
                     .windows()
                     .iter()
@@ -1081,7 +1165,7 @@ impl NodeLimiter {
                 moves
                     .entry(kw.key)
                     .or_default()
-                    .push((*kw, usize::from(rec.slot), new_slot));
+                    .push((kw, usize::from(rec.slot), new_slot));
             }
         }
         let mut switched = 0;
@@ -1090,11 +1174,11 @@ impl NodeLimiter {
             list.sort_unstable_by_key(|(kw, _, _)| *kw);
             let live: Vec<bool> = list
                 .iter()
-                .map(|(kw, _, _)| self.records[kw].place == Place::Live)
+                .map(|(kw, _, _)| self.record(kw).expect("listed").place == Place::Live)
                 .collect();
             let exhausted: Vec<bool> = list
                 .iter()
-                .map(|(kw, _, _)| self.records[kw].exhausted)
+                .map(|(kw, _, _)| self.record(kw).expect("listed").exhausted)
                 .collect();
             let mut taken = vec![0u64; list.len()];
             let replaced = self.surface.replace_bucket(key, policy, |old, new| {
@@ -1113,10 +1197,15 @@ impl NodeLimiter {
                 continue;
             }
             switched += 1;
-            let track = self.keys.entry(key).or_default();
+            let KeyState { track, records } = self.keys.entry(key).or_default();
+            let track = track.get_or_insert_with(KeyTrack::default);
             track.installed = [[None; 2]; PLAN_WINDOWS_MAX];
             for (i, (kw, _, new_slot)) in list.iter().enumerate() {
-                let rec = self.records.get_mut(kw).expect("listed from records");
+                let rec = records
+                    .iter_mut()
+                    .find(|(w, _)| *w == kw.window)
+                    .map(|(_, r)| r)
+                    .expect("listed from records");
                 match (new_slot, live[i], rec.place) {
                     (Some(slot), true, _) => {
                         rec.slot = *slot as u8;
@@ -1155,22 +1244,67 @@ impl NodeLimiter {
     /// This epoch's line for a key-window, as it would be reported now (tests and the
     /// simulator use it to check fleet-wide truth).
     pub fn line_for(&self, kw: &KeyWindow) -> Option<ReportEntry> {
-        self.records.get(kw).map(|rec| self.line(kw, rec))
+        self.record(kw).map(|rec| self.line(kw, rec))
     }
 
     /// Every key-window this epoch has a record for.
-    pub fn key_windows(&self) -> impl Iterator<Item = &KeyWindow> {
-        self.records.keys()
+    pub fn key_windows(&self) -> impl Iterator<Item = KeyWindow> + '_ {
+        self.keys.iter().flat_map(|(key, state)| {
+            state.records.iter().map(|(window, _)| KeyWindow {
+                key: *key,
+                window: *window,
+            })
+        })
+    }
+
+    /// Every record's line, as `line_for` gives it, in one pass: a key's bucket is read
+    /// once for all its windows (the simulator checks fleet truth every round with it).
+    pub fn for_each_line(&self, mut f: impl FnMut(&ReportEntry)) {
+        for (key, state) in &self.keys {
+            let bucket = if state.has_live() {
+                self.surface.get(key)
+            } else {
+                None
+            };
+            let demand = state.demand();
+            for (window, rec) in &state.records {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
+                f(&line_of(bucket.as_deref(), demand, &kw, rec));
+            }
+        }
     }
 
     /// The node-side safety properties (ARCHITECTURE.md, "Invariants"), checked after
     /// every step by the tests and the simulator.
     pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
-        let mut floors = Vec::with_capacity(self.records.len());
-        for (kw, rec) in &self.records {
-            floors.push((*kw, self.check_record(kw, rec)?));
+        // Checked whole before any floor moves, as one record at a time would: a failed
+        // check leaves every floor where it was.
+        let mut floors = Vec::with_capacity(self.records_len);
+        for (key, state) in &self.keys {
+            let bucket = if state.has_live() {
+                self.surface.get(key)
+            } else {
+                None
+            };
+            let demand = state.demand();
+            for (window, rec) in &state.records {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
+                floors.push(check_record(bucket.as_deref(), demand, &kw, rec)?);
+            }
         }
-        self.raise_spend_floors(floors);
+        // The same map, unchanged, iterates in the same order.
+        let mut floors = floors.into_iter();
+        for state in self.keys.values_mut() {
+            for (_, rec) in &mut state.records {
+                rec.spend_floor = floors.next().expect("one floor per record");
+            }
+        }
         Ok(())
     }
 
@@ -1182,60 +1316,106 @@ impl NodeLimiter {
     ) -> Result<(), NodeInvariantError> {
         let mut floors = Vec::new();
         for kw in kws {
-            if let Some(rec) = self.records.get(kw) {
-                floors.push((*kw, self.check_record(kw, rec)?));
+            let Some(state) = self.keys.get(&kw.key) else {
+                continue;
+            };
+            if let Some(rec) = state.rec(kw.window) {
+                let bucket = match rec.place {
+                    Place::Live => self.surface.get(&kw.key),
+                    _ => None,
+                };
+                floors.push((
+                    *kw,
+                    check_record(bucket.as_deref(), state.demand(), kw, rec)?,
+                ));
             }
         }
-        self.raise_spend_floors(floors);
-        Ok(())
-    }
-
-    /// Checks one record; returns its cumulative spend, which must never go backwards.
-    fn check_record(&self, kw: &KeyWindow, rec: &WindowRecord) -> Result<u64, NodeInvariantError> {
-        if rec.applied_grant > rec.allowance + rec.returned {
-            return Err(NodeInvariantError::GrantAboveAllowance {
-                kw: *kw,
-                applied: rec.applied_grant,
-                allowance: rec.allowance,
-            });
-        }
-        if rec.place == Place::Live {
-            let ours = self.surface.get(&kw.key).is_some_and(|b| {
-                let w = b
-                    .word(usize::from(rec.slot), kw.window)
-                    .load(std::sync::atomic::Ordering::Acquire);
-                credit::word_tag(w) == credit::tag_of(kw.window.number)
-            });
-            if !ours {
-                return Err(NodeInvariantError::WordMismatch { kw: *kw });
-            }
-        }
-        let line = self.line(kw, rec);
-        let used = line.cumulative_spend + line.held_credit + line.returned;
-        if used > rec.received() || line.returned > rec.received() {
-            return Err(NodeInvariantError::CreditOverspent {
-                kw: *kw,
-                spend: line.cumulative_spend,
-                held: line.held_credit,
-                returned: line.returned,
-                received: rec.received(),
-            });
-        }
-        if line.cumulative_spend < rec.spend_floor {
-            return Err(NodeInvariantError::SpendWentBackwards {
-                kw: *kw,
-                before: rec.spend_floor,
-                after: line.cumulative_spend,
-            });
-        }
-        Ok(line.cumulative_spend)
-    }
-
-    fn raise_spend_floors(&mut self, floors: Vec<(KeyWindow, u64)>) {
         for (kw, spend) in floors {
-            if let Some(rec) = self.records.get_mut(&kw) {
+            if let Some(rec) = self.record_mut(&kw) {
                 rec.spend_floor = spend;
             }
         }
+        Ok(())
     }
+}
+
+/// A record's current numbers as a report line. `bucket` is the key's bucket on the
+/// surface, needed only while the record is live (its word holds the credit).
+fn line_of(
+    bucket: Option<&KeyBucket>,
+    demand: u64,
+    kw: &KeyWindow,
+    rec: &WindowRecord,
+) -> ReportEntry {
+    let (held, spend) = match rec.place {
+        // Saturating: a broken book must reach check_invariants, not panic here.
+        Place::Off { credit } => (credit, rec.received().saturating_sub(rec.returned + credit)),
+        Place::Live => {
+            let held = bucket
+                .map(|b| b.credit_in(usize::from(rec.slot), kw.window))
+                .unwrap_or(0);
+            (held, rec.received().saturating_sub(rec.returned + held))
+        }
+        Place::Closed { spend } => (0, spend),
+    };
+    let demand = match rec.place {
+        Place::Closed { .. } => 0,
+        _ => demand,
+    };
+    ReportEntry {
+        key_window: *kw,
+        allowance: rec.allowance,
+        cumulative_spend: spend,
+        demand,
+        held_credit: held,
+        applied_grant: rec.applied_grant,
+        returned: rec.returned,
+        self_granted: rec.self_granted,
+    }
+}
+
+/// Checks one record; returns its cumulative spend, which must never go backwards.
+fn check_record(
+    bucket: Option<&KeyBucket>,
+    demand: u64,
+    kw: &KeyWindow,
+    rec: &WindowRecord,
+) -> Result<u64, NodeInvariantError> {
+    if rec.applied_grant > rec.allowance + rec.returned {
+        return Err(NodeInvariantError::GrantAboveAllowance {
+            kw: *kw,
+            applied: rec.applied_grant,
+            allowance: rec.allowance,
+        });
+    }
+    if rec.place == Place::Live {
+        let ours = bucket.is_some_and(|b| {
+            let w = b
+                .word(usize::from(rec.slot), kw.window)
+                .load(std::sync::atomic::Ordering::Acquire);
+            credit::word_tag(w) == credit::tag_of(kw.window.number)
+        });
+        if !ours {
+            return Err(NodeInvariantError::WordMismatch { kw: *kw });
+        }
+    }
+    let line = line_of(bucket, demand, kw, rec);
+    let used = line.cumulative_spend + line.held_credit + line.returned;
+    if used > rec.received() || line.returned > rec.received() {
+        return Err(NodeInvariantError::CreditOverspent {
+            kw: *kw,
+            spend: line.cumulative_spend,
+            held: line.held_credit,
+            returned: line.returned,
+            received: rec.received(),
+        });
+    }
+    if line.cumulative_spend < rec.spend_floor {
+        return Err(NodeInvariantError::SpendWentBackwards {
+            kw: *kw,
+            before: rec.spend_floor,
+            after: line.cumulative_spend,
+        });
+    }
+    Ok(line.cumulative_spend)
 }

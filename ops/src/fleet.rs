@@ -293,8 +293,8 @@ impl RecoveryProbe {
                     *seen = Some(epoch);
                 }
                 for kw in l.key_windows() {
-                    if let Some(line) = l.line_for(kw) {
-                        let t = totals.entry(*kw).or_default();
+                    if let Some(line) = l.line_for(&kw) {
+                        let t = totals.entry(kw).or_default();
                         t.0 += line.cumulative_spend + line.held_credit;
                         t.1 = t.1.max(line.allowance);
                         t.2 += line.self_granted;

@@ -237,7 +237,7 @@ impl Fleet {
     /// The process dies with its memory (C9): its admitted spend stays in the world.
     pub fn restart(&mut self, i: usize) {
         let old = &self.nodes[i];
-        for kw in old.key_windows().copied().collect::<Vec<_>>() {
+        for kw in old.key_windows().collect::<Vec<_>>() {
             let line = old.line_for(&kw).unwrap();
             self.dead_spend
                 .push((kw, line.cumulative_spend, line.self_granted));
@@ -271,8 +271,8 @@ impl Fleet {
         let mut totals: std::collections::BTreeMap<KeyWindow, (u64, u64, u64)> = Default::default();
         for n in &self.nodes {
             for kw in n.key_windows() {
-                let l = n.line_for(kw).unwrap();
-                let t = totals.entry(*kw).or_insert((0, 0, l.allowance));
+                let l = n.line_for(&kw).unwrap();
+                let t = totals.entry(kw).or_insert((0, 0, l.allowance));
                 t.0 += l.cumulative_spend + l.held_credit;
                 t.1 += l.self_granted;
             }

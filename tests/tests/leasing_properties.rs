@@ -40,7 +40,7 @@ fn lines(fleet: &Fleet, node: usize) -> Vec<(KeyWindow, bus_schemas::ReportEntry
     let n = &fleet.nodes[node];
     let mut v: Vec<_> = n
         .key_windows()
-        .map(|kw| (*kw, n.line_for(kw).unwrap()))
+        .map(|kw| (kw, n.line_for(&kw).unwrap()))
         .collect();
     v.sort_by_key(|(kw, _)| *kw);
     v
@@ -158,7 +158,7 @@ fn restarted_node_spend_is_counted_once() {
         }
         settle(&mut fleet);
     }
-    let kw = *fleet.nodes[0]
+    let kw = fleet.nodes[0]
         .key_windows()
         .find(|kw| kw.window.length_ms == 60_000)
         .unwrap();
@@ -217,7 +217,7 @@ fn a_new_owner_learns_credit_held_by_a_quiet_node() {
     // Long enough for its smoothed demand to settle, so its line stops changing and is
     // re-sent only every `refresh_rounds`.
     settle(&mut fleet, 60);
-    let kw = *fleet.nodes[0]
+    let kw = fleet.nodes[0]
         .key_windows()
         .find(|kw| kw.window.length_ms == 60_000)
         .unwrap();

@@ -874,12 +874,13 @@ impl Sim {
             let Some(l) = n.limiter.as_ref() else {
                 continue;
             };
-            for kw in l.key_windows() {
-                let Some(line) = l.line_for(kw) else { continue };
-                let t = totals.entry(*kw).or_insert((0, 0, line.allowance));
+            l.for_each_line(|line| {
+                let t = totals
+                    .entry(line.key_window)
+                    .or_insert((0, 0, line.allowance));
                 t.0 += line.cumulative_spend + line.held_credit;
                 t.1 += line.self_granted;
-            }
+            });
         }
         for (kw, spend, self_granted) in &self.dead_spend {
             if let Some(t) = totals.get_mut(kw) {
@@ -914,12 +915,10 @@ impl Sim {
 
     fn restart_node(&mut self, i: usize, t_ms: u64) {
         if let Some(old) = self.nodes[i].limiter.take() {
-            for kw in old.key_windows() {
-                if let Some(line) = old.line_for(kw) {
-                    self.dead_spend
-                        .push((*kw, line.cumulative_spend, line.self_granted));
-                }
-            }
+            old.for_each_line(|line| {
+                self.dead_spend
+                    .push((line.key_window, line.cumulative_spend, line.self_granted));
+            });
             self.counts.self_grants += old.stats().self_grants;
         }
         self.nodes[i].gs = GsNode::default();
