@@ -544,6 +544,9 @@ struct Sim {
     next_node_epoch: u64,
     /// Spend of node epochs that died: admitted requests still count (C9).
     dead_spend: Vec<(KeyWindow, u64, u64)>,
+    /// `check_fleet_truth`'s per key-window sums (used, self-granted, allowance), empty
+    /// between checks.
+    truth_totals: DetMap<KeyWindow, (u64, u64, u64)>,
 }
 
 fn node_config(cfg: &SimConfig, i: u32) -> NodeConfig {
@@ -660,6 +663,7 @@ impl Sim {
             violation_count: 0,
             next_node_epoch: 2,
             dead_spend: Vec::new(),
+            truth_totals: DetMap::default(),
             cfg,
         })
     }
@@ -869,7 +873,9 @@ impl Sim {
     /// epoch, dead ones included, never exceeds the allowance plus what nodes gave
     /// themselves (F4).
     fn check_fleet_truth(&mut self, t_ms: u64) {
-        let mut totals: DetMap<KeyWindow, (u64, u64, u64)> = DetMap::default();
+        // Kept between rounds: built from empty every round, the map's growth (rehashing
+        // tens of thousands of key-windows) cost as much as filling it.
+        let mut totals = std::mem::take(&mut self.truth_totals);
         for n in &self.nodes {
             let Some(l) = n.limiter.as_ref() else {
                 continue;
@@ -890,11 +896,12 @@ impl Sim {
         }
         // Only breaches are sorted (for a stable report order); the scan itself is O(lines).
         let mut bad: Vec<_> = totals
-            .into_iter()
+            .drain()
             .filter(|(_, (used, self_granted, allowance))| {
                 *used > allowance.saturating_add(*self_granted)
             })
             .collect();
+        self.truth_totals = totals;
         bad.sort_unstable_by_key(|(kw, _)| *kw);
         let bad: Vec<String> = bad
             .into_iter()
