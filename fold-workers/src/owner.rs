@@ -158,11 +158,12 @@ impl Line {
 
 /// A ledger's lines, one per node epoch that reported the key-window. A key-window is
 /// held by one or two nodes in most traffic and by every node at most (plus restarted
-/// epochs), so a short vector searched in order beats a hash map per ledger: one
-/// allocation instead of a table, no hashing, and the full check walks it in sequence.
-/// Only sums are ever taken over it, so its order is never observable.
+/// epochs), so a short vector searched in order beats a hash map per ledger: no hashing,
+/// the first two lines inline in the ledger (no pointer to chase per report line), and
+/// the full check walks it in sequence. Only sums are ever taken over it, so its order is
+/// never observable.
 #[derive(Clone, Debug, Default)]
-struct Lines(Vec<((NodeId, NodeEpoch), Line)>);
+struct Lines(smallvec::SmallVec<[((NodeId, NodeEpoch), Line); 2]>);
 
 impl Lines {
     fn get(&self, id: &(NodeId, NodeEpoch)) -> Option<&Line> {
@@ -508,13 +509,13 @@ impl FoldOwner {
         if now.wall_ms >= window_end {
             return None;
         }
-        let config = self.config.clone();
+        let config = &self.config;
         let lead_rounds = config.lead_rounds_for(kw.window.length_ms);
         let ledger = self.ledgers.get_mut(&kw)?;
         // Endgame: once what is left of the pool would not cover every node's full want
         // twice over, grant one round of demand at a time. Credit held ahead is what
         // strands on one node while another runs dry at the end of the pool (A2).
-        let available_before = ledger.available(&config);
+        let available_before = ledger.available(config);
         let full_want = |l: &Line| -> u64 {
             let ahead_milli = l.demand * lead_rounds;
             let target = (ahead_milli * config.headroom_permille).div_ceil(1_000_000)
@@ -552,7 +553,7 @@ impl FoldOwner {
             // C5: the reserve goes once per key-window, only through the fast path.
             ledger.reserve_released = true;
             self.stats.reserve_released += 1;
-            available = ledger.available(&config);
+            available = ledger.available(config);
         }
         let total_want: u64 = ledger.lines.values().map(want_of).sum::<u64>().max(want);
         let grant = if total_want > available {
@@ -583,7 +584,7 @@ impl FoldOwner {
         self.stats.grants += 1;
         self.stats.credit_granted += grant;
         // Assert on the issuing side of the boundary too: a breach halts before it leaves.
-        if let Err(e) = check_ledger(&config, &kw, self.ledgers.get(&kw).expect("present")) {
+        if let Err(e) = check_ledger(config, &kw, ledger) {
             self.halted = Some(e);
             return None;
         }

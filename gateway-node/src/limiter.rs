@@ -228,7 +228,9 @@ struct KeyState {
     /// `None` until a tick or an install sees the key, and again after eviction (D7);
     /// the records outlive it so spend is never forgotten mid-window.
     track: Option<KeyTrack>,
-    records: Vec<(WindowId, WindowRecord)>,
+    /// Inline: a round's passes walk the map's storage in order instead of chasing a
+    /// pointer per key.
+    records: smallvec::SmallVec<[(WindowId, WindowRecord); 3]>,
 }
 
 impl KeyState {
@@ -532,15 +534,27 @@ impl NodeLimiter {
             };
             let active = delta > 0 || track.demand_milli > 0;
             let idle = track.idle_rounds >= self.config.idle_return_rounds;
+            // Whether a window still needs ensure_record + install: absent, or its credit
+            // not yet in a word. Both are no-ops on a live or closed record, the common
+            // case, so it is read here instead of each looking the key up again.
+            let unplaced = |state: Option<&KeyState>, window| {
+                state
+                    .and_then(|s| s.rec(window))
+                    .is_none_or(|r| matches!(r.place, Place::Off { .. }))
+            };
             for (slot, spec) in bucket.policy().windows().iter().enumerate() {
                 let current = window_at(key, spec.length_ms, now.wall_ms);
                 let kw = KeyWindow {
                     key,
                     window: current,
                 };
-                if active || self.has_record(&kw) {
-                    self.ensure_record(now, kw, slot, spec.limit);
-                    self.install(key, bucket, kw);
+                let state = self.keys.get(&key);
+                let has_current = state.and_then(|s| s.rec(current)).is_some();
+                if active || has_current {
+                    if unplaced(state, current) {
+                        self.ensure_record(now, kw, slot, spec.limit);
+                        self.install(key, bucket, kw);
+                    }
                     if idle && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
@@ -551,7 +565,9 @@ impl NodeLimiter {
                 };
                 let near_end =
                     window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
-                if (near_end && active) || self.has_record(&next) {
+                let state = self.keys.get(&key);
+                let has_next = state.and_then(|s| s.rec(next.window)).is_some();
+                if ((near_end && active) || has_next) && unplaced(state, next.window) {
                     self.ensure_record(now, next, slot, spec.limit);
                     self.install(key, bucket, next);
                 }

@@ -2,8 +2,7 @@
 //! central limiter with the same windows and phase offsets that sees every request in
 //! global (true) time order and admits it when every window has allowance left.
 
-use std::collections::HashMap;
-
+use bus_schemas::hashing::DetMap;
 use bus_schemas::{KeyId, WindowSpec};
 use gateway_node::window::{window_at, window_end_ms, window_start_ms};
 
@@ -41,7 +40,9 @@ pub struct Books {
     windows: Vec<WindowSpec>,
     /// Oracle state per key and window kind: (window number, admitted in it).
     oracle: Vec<[(u64, u64); 2]>,
-    books: HashMap<(u32, u8, u64), KwBooks>,
+    /// Every request is booked here twice (offered, admitted): SipHash on each cost more
+    /// than the oracle itself. `closed` sorts what it returns, so order never shows.
+    books: DetMap<(u32, u8, u64), KwBooks>,
 }
 
 impl Books {
@@ -54,7 +55,7 @@ impl Books {
             oracle: vec![[(u64::MAX, 0); 2]; keys.len()],
             keys,
             windows,
-            books: HashMap::new(),
+            books: DetMap::default(),
         }
     }
 
