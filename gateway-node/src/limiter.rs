@@ -209,7 +209,30 @@ struct KeyTrack {
     last_round_milli: u64,
     idle_rounds: u32,
     /// Which window number each credit word holds (slot, parity).
-    installed: [[Option<u64>; 2]; PLAN_WINDOWS_MAX],
+    installed: Installed,
+}
+
+/// Per plan slot and parity, the window number a credit word holds, if any. `u64::MAX`
+/// stands for none (no window number comes near it), so the table takes 64 bytes instead
+/// of 128: it sits in every key's state, which each round's passes walk whole.
+#[derive(Clone, Copy, Debug)]
+struct Installed([[u64; 2]; PLAN_WINDOWS_MAX]);
+
+impl Default for Installed {
+    fn default() -> Self {
+        Self([[u64::MAX; 2]; PLAN_WINDOWS_MAX])
+    }
+}
+
+impl Installed {
+    fn get(&self, slot: usize, parity: usize) -> Option<u64> {
+        Some(self.0[slot][parity]).filter(|n| *n != u64::MAX)
+    }
+
+    fn set(&mut self, slot: usize, parity: usize, number: Option<u64>) {
+        debug_assert!(number != Some(u64::MAX));
+        self.0[slot][parity] = number.unwrap_or(u64::MAX);
+    }
 }
 
 impl KeyTrack {
@@ -229,8 +252,10 @@ struct KeyState {
     /// the records outlive it so spend is never forgotten mid-window.
     track: Option<KeyTrack>,
     /// Inline: a round's passes walk the map's storage in order instead of chasing a
-    /// pointer per key.
-    records: smallvec::SmallVec<[(WindowId, WindowRecord); 3]>,
+    /// pointer per key. Two (a plan's two current windows) most of the time; around a
+    /// boundary a prefetched or a closed window spills to the heap for a few rounds,
+    /// and `close_ended_windows` moves them back inline.
+    records: smallvec::SmallVec<[(WindowId, WindowRecord); 2]>,
 }
 
 impl KeyState {
@@ -490,14 +515,17 @@ impl NodeLimiter {
                         };
                         if let Some(track) = track.as_mut() {
                             let p = credit::parity(window.number);
-                            if track.installed[usize::from(rec.slot)][p] == Some(window.number) {
-                                track.installed[usize::from(rec.slot)][p] = None;
+                            if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
+                                track.installed.set(usize::from(rec.slot), p, None);
                             }
                         }
                     }
                 }
                 true
             });
+            if records.spilled() && records.len() <= records.inline_size() {
+                records.shrink_to_fit();
+            }
             track.is_some() || !records.is_empty()
         });
         self.records_len -= reaped;
@@ -661,7 +689,7 @@ impl NodeLimiter {
         let slot = usize::from(rec.slot);
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = track.get_or_insert_with(KeyTrack::default);
-        if let Some(older) = track.installed[slot][p].filter(|n| *n != kw.window.number) {
+        if let Some(older) = track.installed.get(slot, p).filter(|n| *n != kw.window.number) {
             let older_window = WindowId {
                 length_ms: kw.window.length_ms,
                 number: older,
@@ -676,7 +704,7 @@ impl NodeLimiter {
                 };
             }
         }
-        track.installed[slot][p] = Some(kw.window.number);
+        track.installed.set(slot, p, Some(kw.window.number));
         credit::install(
             bucket.word(slot, kw.window),
             credit::tag_of(kw.window.number),
@@ -1215,7 +1243,7 @@ impl NodeLimiter {
             switched += 1;
             let KeyState { track, records } = self.keys.entry(key).or_default();
             let track = track.get_or_insert_with(KeyTrack::default);
-            track.installed = [[None; 2]; PLAN_WINDOWS_MAX];
+            track.installed = Installed::default();
             for (i, (kw, _, new_slot)) in list.iter().enumerate() {
                 let rec = records
                     .iter_mut()
@@ -1225,8 +1253,11 @@ impl NodeLimiter {
                 match (new_slot, live[i], rec.place) {
                     (Some(slot), true, _) => {
                         rec.slot = *slot as u8;
-                        track.installed[*slot][credit::parity(kw.window.number)] =
-                            Some(kw.window.number);
+                        track.installed.set(
+                            *slot,
+                            credit::parity(kw.window.number),
+                            Some(kw.window.number),
+                        );
                     }
                     (Some(slot), false, _) => rec.slot = *slot as u8,
                     (None, true, _) => {
@@ -1296,32 +1327,45 @@ impl NodeLimiter {
     /// The node-side safety properties (ARCHITECTURE.md, "Invariants"), checked after
     /// every step by the tests and the simulator.
     pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
-        // Checked whole before any floor moves, as one record at a time would: a failed
-        // check leaves every floor where it was.
-        let mut floors = Vec::with_capacity(self.records_len);
-        for (key, state) in &self.keys {
+        // Each floor moves as its record passes; a failed check puts back every floor it
+        // moved, so it leaves them all where they were, as checking whole first would.
+        let mut moved = Vec::with_capacity(self.records_len);
+        let mut failure = None;
+        'keys: for (key, state) in self.keys.iter_mut() {
             let bucket = if state.has_live() {
                 self.surface.get(key)
             } else {
                 None
             };
             let demand = state.demand();
-            for (window, rec) in &state.records {
+            for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
                     window: *window,
                 };
-                floors.push(check_record(bucket.as_deref(), demand, &kw, rec)?);
+                match check_record(bucket.as_deref(), demand, &kw, rec) {
+                    Ok(spend) => moved.push(std::mem::replace(&mut rec.spend_floor, spend)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'keys;
+                    }
+                }
             }
         }
-        // The same map, unchanged, iterates in the same order.
-        let mut floors = floors.into_iter();
-        for state in self.keys.values_mut() {
-            for (_, rec) in &mut state.records {
-                rec.spend_floor = floors.next().expect("one floor per record");
+        let Some(e) = failure else {
+            return Ok(());
+        };
+        // The map has not changed since, so it iterates in the same order.
+        let mut moved = moved.into_iter();
+        'restore: for state in self.keys.values_mut() {
+            for (_, rec) in state.records.iter_mut() {
+                let Some(floor) = moved.next() else {
+                    break 'restore;
+                };
+                rec.spend_floor = floor;
             }
         }
-        Ok(())
+        Err(e)
     }
 
     /// The same properties for the named key-windows only (those a message just touched),
