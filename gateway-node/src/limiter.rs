@@ -689,7 +689,11 @@ impl NodeLimiter {
         let slot = usize::from(rec.slot);
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = track.get_or_insert_with(KeyTrack::default);
-        if let Some(older) = track.installed.get(slot, p).filter(|n| *n != kw.window.number) {
+        if let Some(older) = track
+            .installed
+            .get(slot, p)
+            .filter(|n| *n != kw.window.number)
+        {
             let older_window = WindowId {
                 length_ms: kw.window.length_ms,
                 number: older,
@@ -805,7 +809,6 @@ impl NodeLimiter {
         for (shard, mut entries) in per_shard.into_iter().enumerate() {
             entries.sort_unstable_by_key(|e| e.key_window);
             let chunk_count = entries.len().div_ceil(REPORT_ENTRIES_MAX).max(1);
-            let mut chunks = entries.chunks(REPORT_ENTRIES_MAX);
             for i in 0..chunk_count {
                 if i + 1 == chunk_count && self.links[shard].full_report_due {
                     // The last chunk of a full report carries the acknowledgement.
@@ -813,10 +816,10 @@ impl NodeLimiter {
                     link.acked_epoch = link.owner_epoch_seen;
                     link.full_report_due = false;
                 }
-                let chunk = chunks
-                    .next()
-                    .map(<[ReportEntry]>::to_vec)
-                    .unwrap_or_default();
+                // The first chunk leaves, the rest stays: one batch (the usual case) moves
+                // its vector rather than copying it.
+                let rest = entries.split_off(entries.len().min(REPORT_ENTRIES_MAX));
+                let chunk = std::mem::replace(&mut entries, rest);
                 self.push_report(now, shard, chunk);
             }
         }
