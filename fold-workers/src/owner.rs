@@ -540,6 +540,26 @@ impl FoldOwner {
                 .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
                 as u64;
             want = want.max(pace).max(1);
+            // A node that holds nothing of this window yet asks for at least its 1/fleet
+            // share (what fixed mode and an F4 self-grant would give it unasked). One
+            // round of pace is a single unit for any plan under 40 per second per node,
+            // so a client's quick run of requests at a fresh key would earn a 429 on its
+            // second request, with most of the allowance untouched, until the next
+            // round. Only while at least half the pool is unissued: later in a window
+            // (a restarted node's new epoch, a key that moved) a share would strand on
+            // a node whose demand is unknown, which the sim's restarts scenario showed
+            // as under-admission. The fair split below still cuts it when short.
+            if config.mode == OwnerMode::Leasing
+                && line.issued() == 0
+                && !endgame
+                && available_before.saturating_mul(2) >= ledger.allowance
+            {
+                let share = ledger
+                    .allowance
+                    .saturating_sub(config.reserve(ledger.allowance))
+                    .div_ceil(u64::from(config.fleet_size.max(1)));
+                want = want.max(share);
+            }
         }
         if want == 0 {
             return None;
