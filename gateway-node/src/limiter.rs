@@ -204,9 +204,12 @@ impl WindowRecord {
 #[derive(Clone, Debug, Default)]
 struct KeyTrack {
     last_attempts: u32,
-    /// Smoothed requests per round, in thousandths.
-    demand_milli: u64,
-    last_round_milli: u64,
+    /// The bucket's short counters at the last round (`KeyBucket::shorts`).
+    last_shorts: [u32; PLAN_WINDOWS_MAX + 1],
+    /// Per plan window, smoothed requests per round that wanted its credit (passed every
+    /// window, or were stopped by this one), in thousandths.
+    demand_milli: [u64; PLAN_WINDOWS_MAX],
+    last_round_milli: [u64; PLAN_WINDOWS_MAX],
     idle_rounds: u32,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
@@ -236,8 +239,8 @@ impl Installed {
 }
 
 impl KeyTrack {
-    fn demand(&self) -> u64 {
-        self.demand_milli.max(self.last_round_milli)
+    fn demand(&self, slot: usize) -> u64 {
+        self.demand_milli[slot].max(self.last_round_milli[slot])
     }
 }
 
@@ -277,8 +280,9 @@ impl KeyState {
         self.records.iter().any(|(_, r)| r.place == Place::Live)
     }
 
-    fn demand(&self) -> u64 {
-        self.track.as_ref().map(KeyTrack::demand).unwrap_or(0)
+    /// Demand per plan window (see `KeyTrack::demand_milli`).
+    fn demands(&self) -> [u64; PLAN_WINDOWS_MAX] {
+        std::array::from_fn(|slot| self.track.as_ref().map_or(0, |t| t.demand(slot)))
     }
 }
 
@@ -544,23 +548,33 @@ impl NodeLimiter {
                 .get_or_insert_with(KeyTrack::default);
             let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
             track.last_attempts = attempts;
-            // Peak-biased smoothing: rises within one round, decays over about eight, so a
-            // burst is seen at once and a pause does not strand the next window's grant.
-            let sample = delta.saturating_mul(1_000);
-            track.last_round_milli = sample;
-            // The step is at least 1 so integer decay reaches the sample: a residue that
-            // never reached 0 kept an idle node asking for (and returning) credit forever.
-            track.demand_milli = if sample >= track.demand_milli {
-                track.demand_milli + (sample - track.demand_milli).div_ceil(8)
-            } else {
-                track.demand_milli - (track.demand_milli - sample).div_ceil(8)
-            };
+            let shorts = bucket.shorts();
+            let short_delta =
+                |i: usize| u64::from(shorts[i].wrapping_sub(track.last_shorts[i])).min(delta);
+            let passed = delta - short_delta(PLAN_WINDOWS_MAX);
+            let samples: [u64; PLAN_WINDOWS_MAX] =
+                std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
+            track.last_shorts = shorts;
+            for (slot, sample) in samples.into_iter().enumerate() {
+                // Peak-biased smoothing: rises within one round, decays over about eight,
+                // so a burst is seen at once and a pause does not strand the next
+                // window's grant. The step is at least 1 so integer decay reaches the
+                // sample: a residue that never reached 0 kept an idle node asking for
+                // (and returning) credit forever.
+                let d = track.demand_milli[slot];
+                track.last_round_milli[slot] = sample;
+                track.demand_milli[slot] = if sample >= d {
+                    d + (sample - d).div_ceil(8)
+                } else {
+                    d - (d - sample).div_ceil(8)
+                };
+            }
             track.idle_rounds = if delta == 0 {
                 track.idle_rounds.saturating_add(1)
             } else {
                 0
             };
-            let active = delta > 0 || track.demand_milli > 0;
+            let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
             let idle = track.idle_rounds >= self.config.idle_return_rounds;
             // Whether a window still needs ensure_record + install: absent, or its credit
             // not yet in a word. Both are no-ops on a live or closed record, the common
@@ -750,7 +764,7 @@ impl NodeLimiter {
         };
         line_of(
             bucket.as_deref(),
-            state.map(KeyState::demand).unwrap_or(0),
+            state.map_or(0, |s| s.demands()[usize::from(rec.slot)]),
             kw,
             rec,
         )
@@ -767,13 +781,13 @@ impl NodeLimiter {
             } else {
                 None
             };
-            let demand = state.demand();
+            let demands = state.demands();
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
                     window: *window,
                 };
-                let line = line_of(bucket.as_deref(), demand, &kw, rec);
+                let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], &kw, rec);
                 let reported = Reported {
                     spend: line.cumulative_spend,
                     held: line.held_credit,
@@ -1316,13 +1330,18 @@ impl NodeLimiter {
             } else {
                 None
             };
-            let demand = state.demand();
+            let demands = state.demands();
             for (window, rec) in &state.records {
                 let kw = KeyWindow {
                     key: *key,
                     window: *window,
                 };
-                f(&line_of(bucket.as_deref(), demand, &kw, rec));
+                f(&line_of(
+                    bucket.as_deref(),
+                    demands[usize::from(rec.slot)],
+                    &kw,
+                    rec,
+                ));
             }
         }
     }
@@ -1340,13 +1359,13 @@ impl NodeLimiter {
             } else {
                 None
             };
-            let demand = state.demand();
+            let demands = state.demands();
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
                     window: *window,
                 };
-                match check_record(bucket.as_deref(), demand, &kw, rec) {
+                match check_record(bucket.as_deref(), demands[usize::from(rec.slot)], &kw, rec) {
                     Ok(spend) => moved.push(std::mem::replace(&mut rec.spend_floor, spend)),
                     Err(e) => {
                         failure = Some(e);
@@ -1389,7 +1408,12 @@ impl NodeLimiter {
                 };
                 floors.push((
                     *kw,
-                    check_record(bucket.as_deref(), state.demand(), kw, rec)?,
+                    check_record(
+                        bucket.as_deref(),
+                        state.demands()[usize::from(rec.slot)],
+                        kw,
+                        rec,
+                    )?,
                 ));
             }
         }

@@ -87,6 +87,14 @@ pub struct KeyBucket {
 struct ColdBucket {
     policy: KeyPolicy,
     cells: [WindowCell; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
+    /// Wrapping counts of decisions that found a window short: one per plan window, and
+    /// last, one for any window. Demand per window (C4) is the decisions that passed
+    /// every window plus those this window stopped: a hot key that its 1 s window holds
+    /// to 40/s wants no more than 40/s of its 60 s window however much it is offered,
+    /// and a node the 60 s pool has run dry on wants no 1 s credit (the sim's zipf and
+    /// hot-key scenarios, where demand counted every attempt for every window). Only
+    /// the short path touches them.
+    shorts: [AtomicU32; PLAN_WINDOWS_MAX + 1],
 }
 
 const _: () = assert!(std::mem::size_of::<KeyBucket>() == 64);
@@ -126,6 +134,7 @@ impl KeyBucket {
             cold: Box::new(ColdBucket {
                 policy,
                 cells: std::array::from_fn(|i| new_cell(key, &policy, i + INLINE_WINDOWS)),
+                shorts: std::array::from_fn(|_| AtomicU32::new(0)),
             }),
         }
     }
@@ -169,6 +178,20 @@ impl KeyBucket {
 
     pub fn policy(&self) -> &KeyPolicy {
         &self.cold.policy
+    }
+
+    /// The short counters (see `ColdBucket::shorts`): per plan window, then any window.
+    pub(crate) fn shorts(&self) -> [u32; PLAN_WINDOWS_MAX + 1] {
+        std::array::from_fn(|i| self.cold.shorts[i].load(Ordering::Relaxed))
+    }
+
+    fn count_short(&self, short_windows: u8) {
+        for (i, counter) in self.cold.shorts[..PLAN_WINDOWS_MAX].iter().enumerate() {
+            if short_windows & (1 << i) != 0 {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.cold.shorts[PLAN_WINDOWS_MAX].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -549,7 +572,10 @@ impl DecisionSurface {
             .saturating_sub(wall_ms)
             .max(1);
         let mut short_windows = 0u8;
-        let mut all_short_exhausted = true;
+        // The longest short window, and whether the owner declared it exhausted.
+        let mut longest_short = (0u32, false);
+        // Per window: its length and the time left to its boundary, if its pool is spent.
+        let mut exhausted_ends_ms = [(0u32, 0u64); PLAN_WINDOWS_MAX];
         let mut wait_ms = 0u64;
         let mut denying = None;
         for (i, spec) in bucket.policy().windows().iter().enumerate() {
@@ -565,7 +591,12 @@ impl DecisionSurface {
             }
             let to_boundary_ms = window_end_ms(key, w).saturating_sub(wall_ms);
             let exhausted = ours && credit::word_exhausted(word);
-            all_short_exhausted &= exhausted;
+            if spec.length_ms > longest_short.0 {
+                longest_short = (spec.length_ms, exhausted);
+            }
+            if exhausted {
+                exhausted_ends_ms[i] = (spec.length_ms, to_boundary_ms);
+            }
             let wait = if exhausted {
                 to_boundary_ms
             } else {
@@ -573,9 +604,36 @@ impl DecisionSurface {
             };
             wait_ms = wait_ms.max(wait);
         }
-        // An owner that declared every short window exhausted has nothing to give: asking
-        // again each round would only spend the fast-path budget (A48).
-        if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !all_short_exhausted {
+        // Every window found short here counts this decision as its demand. So does a
+        // window shorter than one whose pool the owner declared spent, in that one's
+        // last stretch of the shorter length: the shorter window's credit must be in
+        // place when the spent one turns over. Before that stretch it is not asked for:
+        // the spent window stops this node whatever it holds, and credit parked here is
+        // credit a node still holding the spent window's credit could have used (the
+        // sim's hot-key scenario). A longer window is never asked for on behalf of a
+        // spent shorter one: what passes the shorter after it turns over is what the
+        // longer will see. A word refilled between the failed charge and the look above
+        // still stopped this decision.
+        let mut counted = if short_windows == 0 {
+            1 << first_short
+        } else {
+            short_windows
+        };
+        for (i, spec) in bucket.policy().windows().iter().enumerate() {
+            if exhausted_ends_ms[..bucket.window_count()]
+                .iter()
+                .any(|&(len, left)| spec.length_ms < len && left <= u64::from(spec.length_ms))
+            {
+                counted |= 1 << i;
+            }
+        }
+        bucket.count_short(counted);
+        // When the longest short window is one the owner declared exhausted, it denies
+        // until its boundary, the last of them, whatever the shorter windows' owners
+        // could give: asking again each round would only spend the fast-path budget
+        // (A48). (A shorter exhausted window turns over first, and its owner may have
+        // had credit returned since, so a fast path there is not wasted.)
+        if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !longest_short.1 {
             let round = round_tag(self.fast_path_round_at(wall_ms));
             let seen = bucket.fast_path_round.load(Ordering::Relaxed);
             if seen != round
@@ -736,6 +794,9 @@ impl DecisionSurface {
         let new = KeyBucket::new(key, policy);
         new.attempts
             .store(entry.attempts.load(Ordering::Relaxed), Ordering::Relaxed);
+        for (to, from) in new.cold.shorts.iter().zip(&entry.cold.shorts) {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
         carry(&entry, &new);
         *entry = new;
         true

@@ -9,19 +9,7 @@ use support::*;
 
 #[test]
 fn a_request_is_charged_in_every_window_or_none() {
-    let (mut node, policy) = fixed_node(
-        &[
-            WindowSpec {
-                length_ms: 1_000,
-                limit: 100,
-            },
-            WindowSpec {
-                length_ms: 60_000,
-                limit: 3,
-            },
-        ],
-        100,
-    );
+    let (mut node, policy) = fixed_node(&two_windows(100, 3), 100);
     let k = key(1);
     let surface = node.surface().clone();
     // First sight creates the bucket; the tick installs the fixed shares (98 and 2).
@@ -58,16 +46,7 @@ fn a_request_is_charged_in_every_window_or_none() {
 /// D6 table: sub-second wait, whole seconds, and two windows that could both deny.
 #[test]
 fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
-    let windows = [
-        WindowSpec {
-            length_ms: 1_000,
-            limit: 10,
-        },
-        WindowSpec {
-            length_ms: 60_000,
-            limit: 100,
-        },
-    ];
+    let windows = two_windows(10, 100);
     struct Case {
         name: &'static str,
         credit_1s: u64,
@@ -105,23 +84,14 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
         let surface = node.surface().clone();
         let _ = surface.decide(k, T0.wall_ms, &policy);
         node.handle_tick(T0);
-        let grant = |len: u32, credit: u64| GrantEntry {
-            key_window: KeyWindow {
-                key: k,
-                window: window_at(k, len, T0.wall_ms),
-            },
-            node_epoch: node.epoch(),
-            grant_seq: 1,
-            credit_total: credit,
-            exhausted: true,
-        };
-        let batch = GrantBatch {
-            owner_epoch: OwnerEpoch(1),
-            shard: bus_schemas::ShardId(0),
-            node: node.node(),
-            entries: vec![grant(1_000, case.credit_1s), grant(60_000, case.credit_60s)],
-        };
-        node.handle_grant_batch(T0, &batch);
+        grant_at_t0(
+            &mut node,
+            k,
+            &[
+                (1_000, case.credit_1s, true),
+                (60_000, case.credit_60s, true),
+            ],
+        );
         let now = T0.wall_ms + 10;
         assert_eq!(
             surface.decide(k, now, &policy),
@@ -371,4 +341,120 @@ fn need_join(key: bus_schemas::KeyId) -> gateway_node::surface::FastPathNeed {
         short_windows: 1,
         join: true,
     }
+}
+
+/// C4 per window: a window's demand is the decisions that passed every window plus those
+/// it stopped. A key offered 40 a round that its 1 s window holds to 5 a second asks its
+/// 1 s owner for the 40 and its 60 s owner for about what it can spend; counting every
+/// attempt for every window parked the 60 s pool on nodes that could not spend it (the
+/// sim's hot-key and zipf scenarios).
+#[test]
+fn a_window_another_window_holds_back_reports_only_the_demand_it_can_spend() {
+    let (mut node, policy) = fixed_node(&two_windows(5, 100_000), 100);
+    let k = key(3);
+    let surface = node.surface().clone();
+    let mut admitted = 0;
+    let mut now = T0;
+    for _round in 0..60 {
+        node.handle_tick(now);
+        for _ in 0..40 {
+            admitted += u32::from(surface.decide(k, now.wall_ms, &policy) == Decision::Admit);
+        }
+        now = bus_schemas::Now {
+            wall_ms: now.wall_ms + 25,
+            mono_ms: now.mono_ms + 25,
+        };
+    }
+    node.handle_tick(now);
+    node.check_invariants().unwrap();
+    let demand = |length_ms| {
+        node.line_for(&KeyWindow {
+            key: k,
+            window: window_at(k, length_ms, now.wall_ms),
+        })
+        .unwrap()
+        .demand
+    };
+    // 1.5 s: two or three 1 s windows of 4 (98% of 5) each.
+    assert!(admitted <= 15, "{admitted}");
+    // Thousandths of a request per round: the 1 s window sees all 40 a round.
+    assert!(demand(1_000) >= 30_000, "1 s demand {}", demand(1_000));
+    // The 60 s window sees only the admitted few: at most one 1 s window's 5 in a round,
+    // where counting every attempt would report the 40.
+    assert!(demand(60_000) <= 5_000, "60 s demand {}", demand(60_000));
+}
+
+/// D5 with two windows: a window the owner declared exhausted denies until its boundary,
+/// so a request short there spends no fast path on the other window's owner, and its
+/// wait names the exhausted window's boundary (D6).
+#[test]
+fn no_fast_path_while_a_short_window_is_exhausted() {
+    let windows = two_windows(10, 100);
+    let mut node = leasing_node(1);
+    let k = key(200);
+    let policy = gateway_node::KeyPolicy::new(&windows, 25).unwrap();
+    let surface = node.surface().clone();
+    let _ = surface.decide(k, T0.wall_ms, &policy);
+    node.handle_tick(T0);
+    // 1 s: one unit, more to come; 60 s: one unit and the pool is spent.
+    grant_at_t0(&mut node, k, &[(1_000, 1, false), (60_000, 1, true)]);
+    let now = T0.wall_ms + 10;
+    let fast_paths = || {
+        surface
+            .stats
+            .fast_path_triggered
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = fast_paths();
+    assert_eq!(surface.decide(k, now, &policy), Decision::Admit);
+    let Decision::Deny(d) = surface.decide(k, now, &policy) else {
+        panic!("the 60 s pool is spent: a fast path could not help")
+    };
+    assert_eq!(fast_paths(), before);
+    let end_60s = window_end_ms(k, window_at(k, 60_000, now)) - now;
+    assert_eq!(d.wait_ms, end_60s);
+    node.check_invariants().unwrap();
+}
+
+/// A plan of a 1 s and a 60 s window.
+fn two_windows(limit_1s: u64, limit_60s: u64) -> [WindowSpec; 2] {
+    [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: limit_1s,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: limit_60s,
+        },
+    ]
+}
+
+/// Applies one owner grant at T0 per `(window length, credit total, exhausted)` for `k`'s
+/// windows current at T0.
+fn grant_at_t0(
+    node: &mut gateway_node::NodeLimiter,
+    k: bus_schemas::KeyId,
+    grants: &[(u32, u64, bool)],
+) {
+    let entries = grants
+        .iter()
+        .map(|&(len, credit, exhausted)| GrantEntry {
+            key_window: KeyWindow {
+                key: k,
+                window: window_at(k, len, T0.wall_ms),
+            },
+            node_epoch: node.epoch(),
+            grant_seq: 1,
+            credit_total: credit,
+            exhausted,
+        })
+        .collect();
+    let batch = GrantBatch {
+        owner_epoch: OwnerEpoch(1),
+        shard: bus_schemas::ShardId(0),
+        node: node.node(),
+        entries,
+    };
+    node.handle_grant_batch(T0, &batch);
 }
