@@ -112,10 +112,12 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
         "over {}%",
         acc.over_admission_pct_max
     );
-    // Offered is 50/s against 40/s: most of each window's allowance must be used.
+    // Offered is 50/s against 40/s: the simulator's steady target for under-admission
+    // at 1 s windows (issue 4's must-show), p99 <= 2.5%: one credit of 40.
     assert!(
-        acc.under_admission_pct_mean <= 10.0,
-        "under mean {}%",
+        acc.under_admission_pct_p99 <= 2.5,
+        "under p99 {}% (mean {}%)",
+        acc.under_admission_pct_p99,
         acc.under_admission_pct_mean
     );
     drop(server);
