@@ -466,7 +466,8 @@ pub async fn run_elected_worker(
                 let free: Vec<u32> = (0..shard_count).filter(|s| !held.contains_key(s)).collect();
                 let taken = futures::future::join_all(free.into_iter().map(|shard| {
                     let (store, name) = (&store, name.clone());
-                    async move { (shard, take_lease(store, &lease_key(shard), &name).await) }
+                    let lease = &lease;
+                    async move { (shard, take_lease(store, &lease_key(shard), &name, lease).await) }
                 }))
                 .await;
                 for (shard, rev) in taken {
@@ -525,23 +526,48 @@ async fn take_lease(
     store: &async_nats::jetstream::kv::Store,
     key: &str,
     name: &str,
+    lease: &LeaseConfig,
 ) -> Option<u64> {
     use async_nats::jetstream::kv;
     match store.create(key, name.to_owned().into()).await {
         Ok(rev) => Some(rev),
-        // Still ours by name: this worker fenced itself off (a bus outage outlived half
-        // its lease) and the server has not yet expired the entry. Nobody else can hold
-        // it, so take it back by revision rather than wait for the expiry sweep (seen:
-        // ~800 ms after an outage, against F7's 75 ms). It comes back as a new owner
-        // epoch with the takeover fence up, as any new owner does (C8).
         Err(_) => match store.entry(key).await {
+            // Still ours by name: this worker fenced itself off (a bus outage outlived
+            // half its lease) and the server has not yet expired the entry. Nobody else
+            // can hold it, so take it back by revision rather than wait for the expiry
+            // sweep (seen: ~800 ms after an outage, against F7's 75 ms). It comes back as
+            // a new owner epoch with the takeover fence up, as any new owner does (C8).
             Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == name.as_bytes() => store
                 .update(key, name.to_owned().into(), e.revision)
                 .await
                 .ok(),
+            // Another holder's lease, unrenewed for a whole ttl by the server's clock:
+            // take it by revision (a renewal in between makes this fail) instead of
+            // waiting for the server's expiry sweep, which came 86-131 ms after the ttl
+            // in the kill drill. Safe while clocks agree to within ttl/2 - renew_every:
+            // the holder stops issuing once its last renewal is ttl/2 old, checked every
+            // renew_every, and the new owner's takeover fence (C8) stands behind that.
+            Ok(Some(e))
+                if e.operation == kv::Operation::Put
+                    && lapsed(e.created.unix_timestamp_nanos(), lease.ttl) =>
+            {
+                store
+                    .update(key, name.to_owned().into(), e.revision)
+                    .await
+                    .ok()
+            }
             _ => None,
         },
     }
+}
+
+/// Whether a lease written at `written_ns` (the server's timestamp, ns since the epoch)
+/// is older than `ttl` by this worker's wall clock.
+fn lapsed(written_ns: i128, ttl: Duration) -> bool {
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    now_ns - written_ns > ttl.as_nanos() as i128
 }
 
 /// P1: follows the policy snapshot in `bucket` (waiting for the bucket to exist) and

@@ -132,9 +132,11 @@ async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
         "ownership moved {moved_after_ms} ms after kill -9; {}",
         run.summary()
     );
-    // The lease lapses after LEASE_MS (the server expires entries a little later); a
-    // survivor retries every quarter of it. Seen: 186-231 ms with 100 ms leases.
-    assert!(moved_after_ms <= 500, "moved after {moved_after_ms} ms");
+    // The lease lapses LEASE_MS after its last renewal, and a survivor, trying every
+    // quarter of it, takes it by revision once the server's timestamp on it is that old:
+    // 86-92 ms seen (three runs, 2026-12-04). Waiting for the server's expiry sweep
+    // instead took 186-231 ms, which this bound rules out.
+    assert!(moved_after_ms <= 175, "moved after {moved_after_ms} ms");
     assert!(
         acc.over_admission_pct_max <= 2.0,
         "over {}%",
