@@ -532,24 +532,21 @@ async fn take_lease(
     match store.create(key, name.to_owned().into()).await {
         Ok(rev) => Some(rev),
         Err(_) => match store.entry(key).await {
-            // Still ours by name: this worker fenced itself off (a bus outage outlived
-            // half its lease) and the server has not yet expired the entry. Nobody else
-            // can hold it, so take it back by revision rather than wait for the expiry
-            // sweep (seen: ~800 ms after an outage, against F7's 75 ms). It comes back as
-            // a new owner epoch with the takeover fence up, as any new owner does (C8).
-            Ok(Some(e)) if e.operation == kv::Operation::Put && e.value == name.as_bytes() => store
-                .update(key, name.to_owned().into(), e.revision)
-                .await
-                .ok(),
-            // Another holder's lease, unrenewed for a whole ttl by the server's clock:
-            // take it by revision (a renewal in between makes this fail) instead of
-            // waiting for the server's expiry sweep, which came 86-131 ms after the ttl
-            // in the kill drill. Safe while clocks agree to within ttl/2 - renew_every:
-            // the holder stops issuing once its last renewal is ttl/2 old, checked every
-            // renew_every, and the new owner's takeover fence (C8) stands behind that.
+            // Taken over by revision (a renewal in between makes the update fail) rather
+            // than after the server's expiry sweep, in two cases:
+            // - still ours by name: this worker fenced itself off (a bus outage outlived
+            //   half its lease). Nobody else can hold it (the sweep came ~800 ms after an
+            //   outage, against F7's 75 ms);
+            // - another holder's, unrenewed for a whole ttl by the server's clock (the
+            //   sweep came 86-131 ms after the ttl in the kill drill). Safe while clocks
+            //   agree to within ttl/2 - renew_every: the holder stops issuing once its
+            //   last renewal is ttl/2 old, checked every renew_every.
+            // Either way it comes back as a new owner epoch with the takeover fence up, as
+            // any new owner does (C8).
             Ok(Some(e))
                 if e.operation == kv::Operation::Put
-                    && lapsed(e.created.unix_timestamp_nanos(), lease.ttl) =>
+                    && (e.value == name.as_bytes()
+                        || lapsed(e.created.unix_timestamp_nanos(), lease.ttl)) =>
             {
                 store
                     .update(key, name.to_owned().into(), e.revision)

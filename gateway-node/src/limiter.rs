@@ -280,9 +280,16 @@ impl KeyState {
         self.records.iter().any(|(_, r)| r.place == Place::Live)
     }
 
-    /// Demand per plan window (see `KeyTrack::demand_milli`).
+    /// Demand for plan window `slot` (see `KeyTrack::demand_milli`).
+    fn demand(&self, slot: u8) -> u64 {
+        self.track
+            .as_ref()
+            .map_or(0, |t| t.demand(usize::from(slot)))
+    }
+
+    /// Every plan window's demand at once, for loops that hold the records mutably.
     fn demands(&self) -> [u64; PLAN_WINDOWS_MAX] {
-        std::array::from_fn(|slot| self.track.as_ref().map_or(0, |t| t.demand(slot)))
+        std::array::from_fn(|slot| self.demand(slot as u8))
     }
 }
 
@@ -764,7 +771,7 @@ impl NodeLimiter {
         };
         line_of(
             bucket.as_deref(),
-            state.map_or(0, |s| s.demands()[usize::from(rec.slot)]),
+            state.map_or(0, |s| s.demand(rec.slot)),
             kw,
             rec,
         )
@@ -1408,12 +1415,7 @@ impl NodeLimiter {
                 };
                 floors.push((
                     *kw,
-                    check_record(
-                        bucket.as_deref(),
-                        state.demands()[usize::from(rec.slot)],
-                        kw,
-                        rec,
-                    )?,
+                    check_record(bucket.as_deref(), state.demand(rec.slot), kw, rec)?,
                 ));
             }
         }

@@ -620,7 +620,8 @@ impl DecisionSurface {
             short_windows
         };
         for (i, spec) in bucket.policy().windows().iter().enumerate() {
-            if exhausted_ends_ms[..bucket.window_count()]
+            // A window not exhausted is (0, 0) there, longer than no window.
+            if exhausted_ends_ms
                 .iter()
                 .any(|&(len, left)| spec.length_ms < len && left <= u64::from(spec.length_ms))
             {
