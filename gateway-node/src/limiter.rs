@@ -203,7 +203,7 @@ impl WindowRecord {
 
 #[derive(Clone, Debug, Default)]
 struct KeyTrack {
-    last_attempts: u32,
+    last_attempts: u16,
     /// The bucket's short counters at the last round (`KeyBucket::shorts`).
     last_shorts: [u32; PLAN_WINDOWS_MAX + 1],
     /// Per plan window, smoothed requests per round that wanted its credit (passed every

@@ -16,6 +16,37 @@ pub struct KeyPolicy {
     /// window without a hardware divide (see `Reciprocal`).
     lengths: [Reciprocal; PLAN_WINDOWS_MAX],
     window_count: u8,
+    /// The plan's window lengths in the exact 32-bit form a bucket keeps in its cache line
+    /// (`inline_signature`); 0 where they do not fit it.
+    signature: u32,
+}
+
+/// One window length in 16 bits, exactly or not at all: 2 bits of unit (ms, s, min, h)
+/// and 14 of count, in the finest unit that holds it. Decoding is `count * unit`, so two
+/// lengths with the same code are the same length.
+fn compact_length(length_ms: u32) -> Option<u16> {
+    const UNITS_MS: [u32; 4] = [1, 1_000, 60_000, 3_600_000];
+    const COUNT_MAX: u32 = (1 << 14) - 1;
+    UNITS_MS.iter().enumerate().find_map(|(class, &unit_ms)| {
+        let count = length_ms / unit_ms;
+        (length_ms.is_multiple_of(unit_ms) && (1..=COUNT_MAX).contains(&count))
+            .then_some(((class as u16) << 14) | count as u16)
+    })
+}
+
+/// The lengths of a plan of one or two windows, exactly, in 32 bits: what a bucket keeps
+/// hot so the decision can tell, from its own cache line, that the caller's policy names
+/// the same windows as the bucket and use the caller's reciprocals for them. 0 (never
+/// equal on the fast path) for a plan of more windows or a length without a compact code.
+fn inline_signature(windows: &[WindowSpec]) -> u32 {
+    match windows {
+        [a] => compact_length(a.length_ms).map_or(0, u32::from),
+        [a, b] => match (compact_length(a.length_ms), compact_length(b.length_ms)) {
+            (Some(a), Some(b)) => u32::from(a) | u32::from(b) << 16,
+            _ => 0,
+        },
+        _ => 0,
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -56,7 +87,19 @@ impl KeyPolicy {
             windows: out,
             lengths: std::array::from_fn(|i| Reciprocal::new(out[i].length_ms.max(1))),
             window_count: windows.len() as u8,
+            signature: inline_signature(windows),
         })
+    }
+
+    /// See `inline_signature`: equal and non-zero means the same one or two window lengths.
+    #[inline]
+    pub(crate) fn signature(&self) -> u32 {
+        self.signature
+    }
+
+    #[inline]
+    pub(crate) fn window_count(&self) -> usize {
+        usize::from(self.window_count)
     }
 
     /// Window `slot`'s length as a reciprocal (slots past the plan's windows divide by 1).
@@ -170,6 +213,35 @@ mod tests {
         );
         assert_eq!(idx.get(&key_b).unwrap().windows(), &[w(1_000, 50)]);
         assert_eq!(idx.get(&key_a).unwrap().peak_rate_per_s(), 10);
+    }
+
+    #[test]
+    fn signatures_are_exact_or_absent() {
+        let sig = |ws: &[WindowSpec]| KeyPolicy::new(ws, 25).unwrap().signature();
+        let codes: Vec<u16> = [1_000u32, 16_383, 17_000, 60_000, 3_600_000, 86_400_000]
+            .iter()
+            .map(|&l| compact_length(l).unwrap())
+            .collect();
+        let mut unique = codes.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), codes.len());
+        // 16,384 ms is not whole seconds and too many ms: no exact code.
+        assert_eq!(compact_length(16_384), None);
+        assert_eq!(compact_length(16_385), None);
+        assert_ne!(sig(&[w(1_000, 5)]), 0);
+        assert_ne!(sig(&[w(1_000, 5)]), sig(&[w(1_000, 5), w(60_000, 9)]));
+        assert_ne!(
+            sig(&[w(1_000, 5), w(60_000, 9)]),
+            sig(&[w(60_000, 9), w(1_000, 5)])
+        );
+        // Limits do not enter it: only lengths name windows.
+        assert_eq!(
+            sig(&[w(1_000, 5), w(60_000, 9)]),
+            sig(&[w(1_000, 7), w(60_000, 90)])
+        );
+        assert_eq!(sig(&[w(1_000, 5), w(16_385, 9)]), 0);
+        assert_eq!(sig(&[w(1_000, 5), w(2_000, 9), w(3_000, 1)]), 0);
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //!
 //! What the common path does: one shard read-lock of the map (an atomic increment that
 //! never waits on another reader), one relaxed increment of the key's attempt counter,
-//! and one compare-and-swap per window. No allocation, no syscall, no await.
+//! and one compare-and-swap per window, all on one 64-byte line that holds the key too.
+//! No allocation, no syscall, no await.
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use bus_schemas::limits::PLAN_WINDOWS_MAX;
 use bus_schemas::{KeyId, LimitReason, WindowId};
@@ -16,77 +18,53 @@ use dashmap::mapref::one::Ref;
 
 use crate::credit::{self, EMPTY_WORD};
 use crate::policy::KeyPolicy;
-use crate::window::{Reciprocal, window_at, window_end_ms};
+use crate::window::{window_at, window_end_ms};
 
-/// Per window kind, what the request path needs to name the current window: its length
-/// and the key's phase offset, computed once at insert so a decision does one division
-/// per window instead of three.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-pub(crate) struct WindowMeta {
-    length_ms: u32,
-    offset_ms: u32,
-}
-
-impl WindowMeta {
-    /// `length` is the caller's policy's reciprocal for this slot. It is used only when it
-    /// divides by this cell's own length, so a caller holding a newer policy (P1) still
-    /// gets the bucket's window, just by the slower hardware divide.
-    #[inline]
-    fn window_at(self, wall_ms: u64, length: Reciprocal) -> WindowId {
-        let since_ms = wall_ms.saturating_sub(u64::from(self.offset_ms));
-        let number = if length.divisor() == u64::from(self.length_ms) {
-            length.quotient(since_ms)
-        } else {
-            since_ms / u64::from(self.length_ms)
-        };
-        WindowId {
-            length_ms: self.length_ms,
-            number,
-        }
-    }
-}
-
-/// One window kind of one key: how to name its current window, and its two credit words.
-#[repr(C)]
-pub(crate) struct WindowCell {
-    meta: WindowMeta,
-    words: [AtomicU64; 2],
-}
-
-/// How many window cells live inline in the map entry. The reference plan has two windows
-/// (1 s and 60 s), and a plan with more keeps the rest in the bucket's cold box.
+/// How many windows keep their credit words in the bucket's line. The reference plan has
+/// two (1 s and 60 s); a plan with more keeps the rest in the cold box.
 pub(crate) const INLINE_WINDOWS: usize = 2;
 
-/// One key's state on one node, exactly one cache line: the decision on a plan of up to
-/// two windows reads and writes only this and the map's copy of the key. Everything the
-/// request path does not touch lives behind `cold`, so the map's table stays small enough
-/// (~96 bytes an entry) that 10^5 keys sit in the last-level cache and, more to the point on
-/// a VM, in few enough pages that the TLB keeps up (BENCHMARKS.md, run 4).
-#[repr(C)]
+/// One key's state on one node, and its own map key: exactly one aligned cache line. The
+/// map stores it as the key of a `DashMap<KeyBucket, ()>`, so the table's slots are the
+/// lines themselves (64-byte aligned, no separate key copy) and a decision on a plan of up
+/// to two windows touches this line and the map's control bytes, nothing else. The
+/// earlier layout (a 32-byte `KeyId` beside a 64-byte bucket, 96 bytes a slot, across two
+/// or three lines) cost about twice as much per lookup at 10^5 keys (BENCHMARKS.md).
+/// Everything the request path does not touch lives behind `cold`.
+#[repr(C, align(64))]
 pub struct KeyBucket {
+    /// The key's digest: the bucket's identity in the map (`Hash`, `Eq`, `Borrow<u128>`).
+    /// Its version byte lives in the cold box; two versions of one raw key have
+    /// different digests, and two keys sharing 128 digest bits would only share credit.
+    digest: u128,
     /// Requests seen, admitted or not, wrapping: the reconciler turns the per-round
-    /// difference into demand (C4) and recency for eviction (D7). 2^32 requests to one
-    /// key between two rounds is beyond any plan this node can serve.
-    pub(crate) attempts: AtomicU32,
-    /// Low 16 bits of the round in which this key last took the fast path (D5: once per
-    /// round). A key whose last fast path was exactly 65,536 rounds (27 min) ago is
-    /// refused one fast path: a harmless, rare false positive that buys the line its room.
-    pub(crate) fast_path_round: AtomicU16,
-    window_count: u8,
-    /// A fast path for this key is in flight (set by the request that won the round's
-    /// fast path, cleared when it re-decides). A request that finds the key short while
-    /// it is set waits for that answer instead of drawing a 429 (D5 stays one request to
-    /// the owner per key per round). It fills what was padding.
-    fast_path_inflight: AtomicBool,
-    cells: [WindowCell; INLINE_WINDOWS],
+    /// difference into demand (C4) and recency for eviction (D7). 16 bits are exact while
+    /// a key sees fewer than 65,536 requests on one node in one round (2.6 M/s at 25 ms);
+    /// a reconciler stalled long enough to miss that is a limiter failure (D8) anyway.
+    pub(crate) attempts: AtomicU16,
+    /// D5's once-per-round fast path: the low 15 bits of the round in which this key last
+    /// took it, shifted left one, and in bit 0 whether that fast path is still in flight
+    /// (set by the request that won the round, cleared when it re-decides). A request
+    /// that finds the key short while it is set waits for that answer instead of drawing a
+    /// 429. A key whose last fast path was exactly 32,768 rounds (13.7 min) ago is refused
+    /// one: a harmless, rare false positive that buys the line its room.
+    fast_path: AtomicU16,
+    /// The bucket's window lengths in `KeyPolicy::signature` form: a caller whose policy
+    /// has the same non-zero signature names the same windows, so its precomputed
+    /// reciprocals serve; any other caller (a plan switch in flight, P1) or a plan that
+    /// has none takes the general path over the bucket's own policy.
+    signature: u32,
+    /// Credit words of the inline windows, by window-number parity (`credit`).
+    words: [[AtomicU64; 2]; INLINE_WINDOWS],
     cold: Box<ColdBucket>,
 }
 
-/// The part of a bucket that only the reconciler and plans of more than two windows read.
+/// The part of a bucket that only the reconciler, the short path and plans of more than
+/// two windows read.
 struct ColdBucket {
+    version: u8,
     policy: KeyPolicy,
-    cells: [WindowCell; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
+    words: [[AtomicU64; 2]; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
     /// Wrapping counts of decisions that found a window short: one per plan window, and
     /// last, one for any window. Demand per window (C4) is the decisions that passed
     /// every window plus those this window stopped: a hot key that its 1 s window holds
@@ -98,72 +76,86 @@ struct ColdBucket {
 }
 
 const _: () = assert!(std::mem::size_of::<KeyBucket>() == 64);
+const _: () = assert!(std::mem::align_of::<KeyBucket>() == 64);
 
-fn new_cell(key: KeyId, policy: &KeyPolicy, i: usize) -> WindowCell {
-    WindowCell {
-        // Offsets are < length_ms, which is a u32.
-        meta: policy
-            .windows()
-            .get(i)
-            .map(|w| WindowMeta {
-                length_ms: w.length_ms,
-                offset_ms: key.phase_offset_ms(w.length_ms) as u32,
-            })
-            .unwrap_or_default(),
-        words: [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)],
+impl PartialEq for KeyBucket {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
     }
 }
 
-/// Round numbers as the bucket stores them (see `KeyBucket::fast_path_round`).
+impl Eq for KeyBucket {}
+
+/// Hashes exactly as its `u128` digest does, which `Borrow` requires: lookups pass the
+/// digest.
+impl Hash for KeyBucket {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
+    }
+}
+
+impl Borrow<u128> for KeyBucket {
+    fn borrow(&self) -> &u128 {
+        &self.digest
+    }
+}
+
+fn empty_words() -> [AtomicU64; 2] {
+    [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]
+}
+
+/// Round numbers as the bucket stores them (see `KeyBucket::fast_path`).
 #[inline]
 pub(crate) fn round_tag(round: u64) -> u16 {
-    round as u16
+    (round as u16) & 0x7fff
 }
+
+const FAST_PATH_INFLIGHT: u16 = 1;
 
 impl KeyBucket {
     /// Allocates the cold box: a new key's first request is the one decision that may
     /// allocate (D4's "common path" is every later one; `tests/no_alloc.rs`).
     fn new(key: KeyId, policy: KeyPolicy) -> Self {
         Self {
-            attempts: AtomicU32::new(0),
+            digest: key.digest,
+            attempts: AtomicU16::new(0),
             // One tag short of round 0, so the first round's fast path is never refused.
-            fast_path_round: AtomicU16::new(u16::MAX),
-            window_count: policy.windows().len() as u8,
-            fast_path_inflight: AtomicBool::new(false),
-            cells: std::array::from_fn(|i| new_cell(key, &policy, i)),
+            fast_path: AtomicU16::new(round_tag(u64::MAX) << 1),
+            signature: policy.signature(),
+            words: std::array::from_fn(|_| empty_words()),
             cold: Box::new(ColdBucket {
+                version: key.version,
                 policy,
-                cells: std::array::from_fn(|i| new_cell(key, &policy, i + INLINE_WINDOWS)),
+                words: std::array::from_fn(|_| empty_words()),
                 shorts: std::array::from_fn(|_| AtomicU32::new(0)),
             }),
         }
     }
 
-    #[inline]
-    fn cell(&self, slot: usize) -> &WindowCell {
-        if slot < INLINE_WINDOWS {
-            &self.cells[slot]
-        } else {
-            &self.cold.cells[slot - INLINE_WINDOWS]
+    pub(crate) fn key(&self) -> KeyId {
+        KeyId {
+            version: self.cold.version,
+            digest: self.digest,
         }
     }
 
     #[inline]
-    fn window_count(&self) -> usize {
-        usize::from(self.window_count)
+    fn words(&self, slot: usize) -> &[AtomicU64; 2] {
+        if slot < INLINE_WINDOWS {
+            &self.words[slot]
+        } else {
+            &self.cold.words[slot - INLINE_WINDOWS]
+        }
     }
 
     /// Every credit word of the bucket, in use or not.
     pub(crate) fn all_words(&self) -> impl Iterator<Item = &AtomicU64> {
-        self.cells
-            .iter()
-            .chain(self.cold.cells.iter())
-            .flat_map(|c| c.words.iter())
+        self.words.iter().chain(self.cold.words.iter()).flatten()
     }
 
     #[inline]
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
-        &self.cell(slot).words[credit::parity(window.number)]
+        &self.words(slot)[credit::parity(window.number)]
     }
 
     /// Credit held in the named window (0 if the word holds another window).
@@ -192,6 +184,22 @@ impl KeyBucket {
             }
         }
         self.cold.shorts[PLAN_WINDOWS_MAX].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn clear_fast_path_inflight(&self) {
+        self.fast_path
+            .fetch_and(!FAST_PATH_INFLIGHT, Ordering::AcqRel);
+    }
+}
+
+/// A bucket, read under its map shard's read lock: the lock is held while this lives.
+pub(crate) struct BucketRef<'a>(Ref<'a, KeyBucket, ()>);
+
+impl std::ops::Deref for BucketRef<'_> {
+    type Target = KeyBucket;
+    #[inline]
+    fn deref(&self) -> &KeyBucket {
+        self.0.key()
     }
 }
 
@@ -235,8 +243,8 @@ impl<F: FnMut()> Drop for FastPathClaim<'_, F> {
         if self.settled {
             return;
         }
-        if let Some(bucket) = self.surface.buckets.get(&self.key) {
-            bucket.fast_path_inflight.store(false, Ordering::Release);
+        if let Some(bucket) = self.surface.get(&self.key) {
+            bucket.clear_fast_path_inflight();
         }
         (self.wake)();
     }
@@ -388,7 +396,8 @@ impl Backstop {
 }
 
 pub struct DecisionSurface {
-    buckets: DashMap<KeyId, KeyBucket, KeyIdHasherBuilder>,
+    /// Keys are the buckets themselves (see `KeyBucket`), looked up by digest.
+    buckets: DashMap<KeyBucket, (), KeyIdHasherBuilder>,
     config: SurfaceConfig,
     round: AtomicU64,
     next_round_wall_ms: AtomicU64,
@@ -429,7 +438,7 @@ impl DecisionSurface {
         if self.limiter_failed(flags, wall_ms) {
             return self.fail_open(key, wall_ms, policy);
         }
-        match self.buckets.get(&key) {
+        match self.get(&key) {
             Some(bucket) => self.decide_in(&bucket, key, wall_ms, policy, flags, true, false),
             None => self.decide_new(key, wall_ms, policy, flags),
         }
@@ -448,10 +457,10 @@ impl DecisionSurface {
         if self.limiter_failed(flags, wall_ms) {
             return self.fail_open(key, wall_ms, policy);
         }
-        match self.buckets.get(&key) {
+        match self.get(&key) {
             Some(bucket) => {
                 // The answer (or its deadline) is in; joiners may re-decide too.
-                bucket.fast_path_inflight.store(false, Ordering::Release);
+                bucket.clear_fast_path_inflight();
                 self.decide_in(&bucket, key, wall_ms, policy, flags, false, deadline_missed)
             }
             None => self.fail_open(key, wall_ms, policy),
@@ -471,9 +480,8 @@ impl DecisionSurface {
 
     /// Whether a fast path for `key` is still in flight (see `FastPathNeed::join`).
     pub fn fast_path_pending(&self, key: KeyId) -> bool {
-        self.buckets
-            .get(&key)
-            .is_some_and(|b| b.fast_path_inflight.load(Ordering::Acquire))
+        self.get(&key)
+            .is_some_and(|b| b.fast_path.load(Ordering::Acquire) & FAST_PATH_INFLIGHT != 0)
     }
 
     #[inline]
@@ -491,19 +499,19 @@ impl DecisionSurface {
             self.stats.inserts_refused.fetch_add(1, Ordering::Relaxed);
             return self.fail_open(key, wall_ms, policy);
         }
-        let bucket = self
+        let entry = self
             .buckets
-            .entry(key)
-            .or_insert_with(|| KeyBucket::new(key, *policy))
+            .entry(KeyBucket::new(key, *policy))
+            .or_insert(())
             .downgrade();
-        self.decide_in(&bucket, key, wall_ms, policy, flags, true, false)
+        self.decide_in(entry.key(), key, wall_ms, policy, flags, true, false)
     }
 
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn decide_in(
         &self,
-        bucket: &Ref<'_, KeyId, KeyBucket>,
+        bucket: &KeyBucket,
         key: KeyId,
         wall_ms: u64,
         policy: &KeyPolicy,
@@ -512,43 +520,75 @@ impl DecisionSurface {
         deadline_missed: bool,
     ) -> Decision {
         bucket.attempts.fetch_add(1, Ordering::Relaxed);
-        let count = bucket.window_count();
-        let mut charged = 0usize;
-        let mut failed = None;
-        for i in 0..count {
-            let cell = bucket.cell(i);
-            let w = cell.meta.window_at(wall_ms, policy.length(i));
-            if credit::try_charge(
-                &cell.words[credit::parity(w.number)],
-                credit::tag_of(w.number),
-            )
-            .is_err()
-            {
-                failed = Some(i);
-                break;
-            }
-            charged += 1;
-        }
-        let Some(first_short) = failed else {
-            return Decision::Admit;
+        let charged = if bucket.signature != 0 && bucket.signature == policy.signature() {
+            Self::charge_inline(bucket, key, wall_ms, policy)
+        } else {
+            Self::charge_general(bucket, key, wall_ms)
         };
-        for i in 0..charged {
-            let cell = bucket.cell(i);
-            let w = cell.meta.window_at(wall_ms, policy.length(i));
-            credit::refund(
-                &cell.words[credit::parity(w.number)],
-                credit::tag_of(w.number),
-            );
+        match charged {
+            Ok(()) => Decision::Admit,
+            Err(first_short) => self.deny_or_fast_path(
+                bucket,
+                key,
+                wall_ms,
+                flags,
+                first_short,
+                fast_path_allowed,
+                deadline_missed,
+            ),
         }
-        self.deny_or_fast_path(
-            bucket,
-            key,
-            wall_ms,
-            flags,
-            first_short,
-            fast_path_allowed,
-            deadline_missed,
-        )
+    }
+
+    /// The common path: the caller's policy names the bucket's one or two windows
+    /// (equal signatures), so its reciprocals give each window's number and the key's
+    /// phase offset in it without a divide, and every word is in the bucket's line.
+    /// One unit in every window or in none (D4): a short window refunds the ones taken.
+    #[inline]
+    fn charge_inline(
+        bucket: &KeyBucket,
+        key: KeyId,
+        wall_ms: u64,
+        policy: &KeyPolicy,
+    ) -> Result<(), usize> {
+        let hash = key.hash64();
+        let mut numbers = [0u64; INLINE_WINDOWS];
+        let count = policy.window_count();
+        debug_assert!(count <= INLINE_WINDOWS);
+        for i in 0..count {
+            let length = policy.length(i);
+            let since_ms = wall_ms.saturating_sub(length.remainder(hash));
+            numbers[i] = length.quotient(since_ms);
+            let n = numbers[i];
+            if credit::try_charge(&bucket.words[i][credit::parity(n)], credit::tag_of(n)).is_err() {
+                for (words, &n) in bucket.words.iter().zip(&numbers[..i]) {
+                    credit::refund(&words[credit::parity(n)], credit::tag_of(n));
+                }
+                return Err(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Any other case: a plan of more than two windows, a length without a compact code,
+    /// or a caller whose policy is not the bucket's (a plan switch in flight, P1). The
+    /// bucket's own policy names its windows, by division.
+    #[cold]
+    #[inline(never)]
+    fn charge_general(bucket: &KeyBucket, key: KeyId, wall_ms: u64) -> Result<(), usize> {
+        let windows = bucket.policy().windows();
+        let mut numbers = [0u64; PLAN_WINDOWS_MAX];
+        for (i, spec) in windows.iter().enumerate() {
+            let w = window_at(key, spec.length_ms, wall_ms);
+            numbers[i] = w.number;
+            if credit::try_charge(bucket.word(i, w), credit::tag_of(w.number)).is_err() {
+                for (j, &n) in numbers[..i].iter().enumerate() {
+                    let words = bucket.words(j);
+                    credit::refund(&words[credit::parity(n)], credit::tag_of(n));
+                }
+                return Err(i);
+            }
+        }
+        Ok(())
     }
 
     #[cold]
@@ -636,14 +676,18 @@ impl DecisionSurface {
         // had credit returned since, so a fast path there is not wasted.)
         if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !longest_short.1 {
             let round = round_tag(self.fast_path_round_at(wall_ms));
-            let seen = bucket.fast_path_round.load(Ordering::Relaxed);
-            if seen != round
+            let seen = bucket.fast_path.load(Ordering::Acquire);
+            if seen >> 1 != round
                 && bucket
-                    .fast_path_round
-                    .compare_exchange(seen, round, Ordering::AcqRel, Ordering::Relaxed)
+                    .fast_path
+                    .compare_exchange(
+                        seen,
+                        round << 1 | FAST_PATH_INFLIGHT,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
-                bucket.fast_path_inflight.store(true, Ordering::Release);
                 self.stats
                     .fast_path_triggered
                     .fetch_add(1, Ordering::Relaxed);
@@ -655,9 +699,7 @@ impl DecisionSurface {
             }
             // Only within the round the fast path was taken: a flag left set by a request
             // that was dropped mid-flight stops being joined at the next round.
-            if bucket.fast_path_round.load(Ordering::Relaxed) == round
-                && bucket.fast_path_inflight.load(Ordering::Acquire)
-            {
+            if bucket.fast_path.load(Ordering::Acquire) == round << 1 | FAST_PATH_INFLIGHT {
                 self.stats.fast_path_joined.fetch_add(1, Ordering::Relaxed);
                 return Decision::FastPath(FastPathNeed {
                     key,
@@ -762,8 +804,9 @@ impl DecisionSurface {
         self.heartbeat_wall_ms.store(wall_ms, Ordering::Relaxed);
     }
 
-    pub(crate) fn get(&self, key: &KeyId) -> Option<Ref<'_, KeyId, KeyBucket>> {
-        self.buckets.get(key)
+    #[inline]
+    pub(crate) fn get(&self, key: &KeyId) -> Option<BucketRef<'_>> {
+        self.buckets.get(&key.digest).map(BucketRef)
     }
 
     /// Drops every bucket: what a process restart does to the surface (C9). Only a
@@ -775,31 +818,40 @@ impl DecisionSurface {
 
     pub(crate) fn for_each(&self, mut f: impl FnMut(KeyId, &KeyBucket)) {
         for entry in self.buckets.iter() {
-            f(*entry.key(), entry.value());
+            let bucket = entry.key();
+            f(bucket.key(), bucket);
         }
     }
 
-    /// P1: give `key` a bucket built for `policy`, under the shard's write lock so no
-    /// decision sees a half-moved key. `carry(old, new)` moves credit between the two
-    /// while the lock is held; the attempt counter carries over, so demand is continuous.
-    /// Returns false if the key has no bucket (its next request builds one).
+    /// P1: give `key` a bucket built for `policy`. The swap happens under the shard's
+    /// write lock, so no decision is inside the old bucket when it leaves the map, and
+    /// `carry(old, new)` then moves credit with the old bucket out of everyone's reach.
+    /// A decision between the two finds the new bucket empty (short: a fast path or a
+    /// 429), never credit counted twice. The attempt and short counters carry over, so
+    /// demand is continuous. Returns false if the key has no bucket (its next request
+    /// builds one).
     pub(crate) fn replace_bucket(
         &self,
         key: KeyId,
         policy: KeyPolicy,
         carry: impl FnOnce(&KeyBucket, &KeyBucket),
     ) -> bool {
-        let Some(mut entry) = self.buckets.get_mut(&key) else {
+        let dashmap::Entry::Occupied(entry) = self.buckets.entry(KeyBucket::new(key, policy))
+        else {
             return false;
         };
-        let new = KeyBucket::new(key, policy);
+        let (old, ()) = entry.replace_entry(());
+        let Some(new) = self.get(&key) else {
+            // Only the reconciler (our caller) removes buckets, and `clear` (a restart
+            // drill) drops all credit anyway.
+            return false;
+        };
         new.attempts
-            .store(entry.attempts.load(Ordering::Relaxed), Ordering::Relaxed);
-        for (to, from) in new.cold.shorts.iter().zip(&entry.cold.shorts) {
-            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            .fetch_add(old.attempts.load(Ordering::Relaxed), Ordering::Relaxed);
+        for (to, from) in new.cold.shorts.iter().zip(&old.cold.shorts) {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        carry(&entry, &new);
-        *entry = new;
+        carry(&old, &new);
         true
     }
 
@@ -812,7 +864,7 @@ impl DecisionSurface {
     ) -> bool {
         let removed = self
             .buckets
-            .remove_if(key, |_, b| still_evictable(b))
+            .remove_if(&key.digest, |b, _| still_evictable(b))
             .is_some();
         if removed {
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);

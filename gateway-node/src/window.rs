@@ -56,6 +56,23 @@ impl Reciprocal {
             q
         }
     }
+
+    /// `x % divisor` for every `u64`, the whole range of `KeyId::hash64`: the phase
+    /// offset, computed per decision because the bucket's cache line has no room to
+    /// keep it. For `x >= 2^63` the estimate may be two short, so up to two corrections.
+    #[inline]
+    pub fn remainder(self, x: u64) -> u64 {
+        let q = ((u128::from(x) * u128::from(self.multiplier)) >> 64) as u64;
+        let mut r = x - q * self.divisor;
+        if r >= self.divisor {
+            r -= self.divisor;
+        }
+        if r >= self.divisor {
+            r -= self.divisor;
+        }
+        debug_assert!(r < self.divisor);
+        r
+    }
 }
 
 /// The next window instance of the same kind.
@@ -94,8 +111,18 @@ mod tests {
                 xs.push(x >> 1);
                 xs.push((x >> 22) % (1 << 42));
             }
-            for x in xs {
-                assert_eq!(r.quotient(x), x / d64, "{x} / {d}");
+            for x in &xs {
+                assert_eq!(r.quotient(*x), x / d64, "{x} / {d}");
+            }
+            // The remainder takes the whole u64 range (a key's hash).
+            let high = xs.iter().map(|x| x | 1 << 63);
+            for x in xs
+                .iter()
+                .copied()
+                .chain(high)
+                .chain([u64::MAX, u64::MAX - d64])
+            {
+                assert_eq!(r.remainder(x), x % d64, "{x} % {d}");
             }
         }
     }

@@ -43,6 +43,76 @@ fn a_request_is_charged_in_every_window_or_none() {
     node.check_invariants().unwrap();
 }
 
+/// The general path (a plan of more than two windows, a length without a compact code,
+/// or a caller holding another policy than the bucket's: a P1 switch in flight) charges
+/// exactly what the inline path charges: the bucket's own windows, all or none.
+#[test]
+fn every_path_charges_the_buckets_own_windows_all_or_none() {
+    let inline = two_windows(100, 3).to_vec();
+    let uncoded = vec![
+        inline[0],
+        WindowSpec {
+            length_ms: 16_385,
+            limit: 3,
+        },
+    ];
+    let three = vec![
+        inline[0],
+        WindowSpec {
+            length_ms: 10_000,
+            limit: 50,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: 3,
+        },
+    ];
+    let stranger = gateway_node::KeyPolicy::new(
+        &[WindowSpec {
+            length_ms: 2_000,
+            limit: 9,
+        }],
+        25,
+    )
+    .unwrap();
+    for (plan, caller_is_stranger) in [
+        (&inline, false),
+        (&uncoded, false),
+        (&three, false),
+        (&inline, true),
+    ] {
+        let (mut node, policy) = fixed_node(plan, 100);
+        let caller = if caller_is_stranger { stranger } else { policy };
+        let k = key(7);
+        let surface = node.surface().clone();
+        let _ = surface.decide(k, T0.wall_ms, &policy);
+        node.handle_tick(T0);
+        let mut admits = 0u64;
+        let short = loop {
+            match surface.decide(k, T0.wall_ms, &caller) {
+                Decision::Admit => admits += 1,
+                Decision::FastPath(n) => break n.short_windows,
+                other => panic!("{plan:?}: {other:?}"),
+            }
+        };
+        // The last window's share is 98% of 3: two admits, then it alone is short.
+        assert_eq!(admits, 2, "{plan:?} stranger={caller_is_stranger}");
+        assert_eq!(short, 1 << (plan.len() - 1), "{plan:?}");
+        for spec in plan.iter() {
+            let line = node
+                .line_for(&KeyWindow {
+                    key: k,
+                    window: window_at(k, spec.length_ms, T0.wall_ms),
+                })
+                .unwrap();
+            assert_eq!(line.cumulative_spend, 2, "{plan:?} {spec:?}");
+            let share = spec.limit * 98 / 100;
+            assert_eq!(line.held_credit, share - 2, "{plan:?} {spec:?}");
+        }
+        node.check_invariants().unwrap();
+    }
+}
+
 /// D6 table: sub-second wait, whole seconds, and two windows that could both deny.
 #[test]
 fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
