@@ -15,18 +15,20 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bus_schemas::{Envelope, FastPathReply, GrantBatch, KeyId, Now, PolicySnapshot, subjects};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::deadline::within;
 use crate::limiter::{NodeLimiter, Transmit};
 use crate::policy::{KeyPolicy, PolicyIndex};
 use crate::surface::{Decision, DecisionSurface};
 
-/// D5's hard deadline.
+/// D5's hard deadline, kept to the kernel's timer slack rather than tokio's
+/// millisecond (`deadline`).
 pub const FAST_PATH_DEADLINE: Duration = Duration::from_millis(1);
 
 /// Rounds of reports the publisher queue holds before the tick starts dropping them.
@@ -346,7 +348,7 @@ impl NodeBus {
         need: crate::surface::FastPathNeed,
         policy: &KeyPolicy,
     ) -> Decision {
-        let deadline = tokio::time::Instant::now() + FAST_PATH_DEADLINE;
+        let deadline = Instant::now() + FAST_PATH_DEADLINE;
         let mut missed = false;
         loop {
             // Armed before the check, so an answer landing in between still wakes us.
@@ -356,7 +358,7 @@ impl NodeBus {
             if !self.surface.fast_path_pending(need.key) {
                 break;
             }
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
+            if within(deadline, done).await.is_none() {
                 missed = true;
                 break;
             }
@@ -371,7 +373,7 @@ impl NodeBus {
         need: crate::surface::FastPathNeed,
         policy: &KeyPolicy,
     ) -> Decision {
-        let deadline = tokio::time::Instant::now() + FAST_PATH_DEADLINE;
+        let deadline = Instant::now() + FAST_PATH_DEADLINE;
         let claim = self
             .surface
             .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
@@ -397,12 +399,10 @@ impl NodeBus {
                 .bytes_out
                 .fetch_add(payload.len() as u64, Ordering::Relaxed);
             let client = self.client.clone();
-            async move {
-                tokio::time::timeout_at(deadline, client.request(subject, payload.into())).await
-            }
+            async move { within(deadline, client.request(subject, payload.into())).await }
         });
         for answer in futures::future::join_all(calls).await {
-            let Ok(Ok(msg)) = answer else {
+            let Some(Ok(msg)) = answer else {
                 missed = true;
                 continue;
             };

@@ -13,7 +13,8 @@
 //!   credit words; request tasks only ever decrement them.
 //!
 //! * [`bus`] — the runtime that drives the reconciler over real NATS: a tick task that
-//!   publishes reports, a task that applies grants, and the 1 ms fast path (issue 4).
+//!   publishes reports, a task that applies grants, and the 1 ms fast path (issue 4), its
+//!   deadline kept by [`deadline`]'s sub-millisecond timer thread.
 //!
 //! * [`embedded`] — the same reconciler with its fold owners in-process: the single-node
 //!   default when no NATS URL is configured (issue 5).
@@ -25,6 +26,7 @@
 
 pub mod bus;
 pub mod credit;
+pub mod deadline;
 pub mod embedded;
 pub mod http;
 pub mod limiter;

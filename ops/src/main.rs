@@ -465,11 +465,13 @@ mod bench {
             watcher.abort();
             let mut violations = 0u64;
             let (mut fail_open, mut fast, mut msgs, mut bytes) = (0u64, 0u64, 0u64, 0u64);
+            let mut fast_missed = 0u64;
             for n in &nodes {
                 violations += u64::from(n.with_limiter(|l| l.check_invariants()).is_err());
                 fail_open += n.surface().stats.fail_open.load(Ordering::Relaxed);
                 let s = &n.stats;
                 fast += s.fast_path_requests.load(Ordering::Relaxed);
+                fast_missed += s.fast_path_deadline_missed.load(Ordering::Relaxed);
                 bytes += s.bytes_out.load(Ordering::Relaxed) + s.bytes_in.load(Ordering::Relaxed);
                 msgs += s.reports_published.load(Ordering::Relaxed)
                     + s.grant_batches.load(Ordering::Relaxed)
@@ -529,7 +531,11 @@ mod bench {
                 "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),
                 "decision_latency_us_p99": percentile_us(&mut run.decision_ns, 0.99),
                 "decision_latency_us_p999": percentile_us(&mut run.decision_ns, 0.999),
+                "fast_path_latency_us_p50": percentile_us(&mut run.fast_path_ns, 0.50),
                 "fast_path_latency_us_p99": percentile_us(&mut run.fast_path_ns, 0.99),
+                "fast_path_latency_us_max": percentile_us(&mut run.fast_path_ns, 1.0),
+                "fast_path_requests": fast,
+                "fast_path_deadline_misses": fast_missed,
                 "bus_msgs_per_s": round4(msgs as f64 / elapsed),
                 // Envelope payload bytes seen by the nodes, both directions.
                 "bus_bytes_per_s": round4(bytes as f64 / elapsed),
