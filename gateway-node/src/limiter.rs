@@ -48,7 +48,8 @@ pub struct NodeConfig {
     pub missed_rounds_limit: u32,
     /// F5: owner silence after which enforcement is degraded.
     pub degraded_after_ms: u64,
-    /// C4: rounds without a request after which held credit goes back to the pool.
+    /// C4: rounds without a request after which held credit goes back to the pool, at
+    /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`).
     pub idle_return_rounds: u32,
     /// Rounds before a boundary at which the next window is reported, so its owner can
     /// grant before the first request of that window arrives.
@@ -211,6 +212,9 @@ struct KeyTrack {
     demand_milli: [u64; PLAN_WINDOWS_MAX],
     last_round_milli: [u64; PLAN_WINDOWS_MAX],
     idle_rounds: u32,
+    /// The highest smoothed demand when the current quiet spell began (thousandths of a
+    /// request per round): how long a spell must last to mean the traffic has gone.
+    quiet_from_milli: u64,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
 }
@@ -542,9 +546,27 @@ impl NodeLimiter {
         self.records_len -= reaped;
     }
 
+    /// C4: quiet rounds after which a key's credit is idle. A node that saw `rate_milli`
+    /// thousandths of a request a round sees a quiet spell of n rounds by chance with
+    /// probability about e^(-rate n); past e^(-6) (0.25%) the traffic has most likely moved
+    /// (the sim's shift scenario: a key's traffic leaves for another node mid-window, and
+    /// its credit here is what that node lacks). A slow key keeps the configured wait, so
+    /// a pause does not strand its next request on the fast path.
+    fn idle_return_after(cap: u32, rate_milli: u64) -> u32 {
+        const QUIET_ODDS_MILLI: u64 = 6_000;
+        const MIN_ROUNDS: u32 = 3;
+        if rate_milli == 0 {
+            return cap;
+        }
+        u32::try_from(QUIET_ODDS_MILLI.div_ceil(rate_milli))
+            .unwrap_or(u32::MAX)
+            .clamp(MIN_ROUNDS.min(cap), cap)
+    }
+
     fn scan_surface(&mut self, now: Now) {
         let surface = Arc::clone(&self.surface);
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
+        let idle_cap = self.config.idle_return_rounds;
         surface.for_each(|key, bucket| {
             let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
             let track = self
@@ -562,6 +584,7 @@ impl NodeLimiter {
             let samples: [u64; PLAN_WINDOWS_MAX] =
                 std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
             track.last_shorts = shorts;
+            let demand_before_milli = track.demand_milli.iter().copied().max().unwrap_or(0);
             for (slot, sample) in samples.into_iter().enumerate() {
                 // Peak-biased smoothing: rises within one round, decays over about eight,
                 // so a burst is seen at once and a pause does not strand the next
@@ -577,12 +600,16 @@ impl NodeLimiter {
                 };
             }
             track.idle_rounds = if delta == 0 {
+                if track.idle_rounds == 0 {
+                    track.quiet_from_milli = demand_before_milli;
+                }
                 track.idle_rounds.saturating_add(1)
             } else {
                 0
             };
             let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
-            let idle = track.idle_rounds >= self.config.idle_return_rounds;
+            let idle =
+                track.idle_rounds >= Self::idle_return_after(idle_cap, track.quiet_from_milli);
             // Whether a window still needs ensure_record + install: absent, or its credit
             // not yet in a word. Both are no-ops on a live or closed record, the common
             // case, so it is read here instead of each looking the key up again.
@@ -1507,4 +1534,31 @@ fn check_record(
         });
     }
     Ok(line.cumulative_spend)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeLimiter;
+
+    /// A busy key's credit goes back after a quiet spell its own rate makes unlikely; a
+    /// slow one waits the configured rounds; never fewer than three, never more than the
+    /// configured cap.
+    #[test]
+    fn idle_return_waits_longer_for_slower_keys() {
+        let after = NodeLimiter::idle_return_after;
+        assert_eq!(after(8, 0), 8);
+        assert_eq!(after(8, 600), 8);
+        assert_eq!(after(8, 1_250), 5);
+        assert_eq!(after(8, 2_000), 3);
+        assert_eq!(after(8, 50_000), 3);
+        assert_eq!(after(2, 50_000), 2);
+        for rate in [1u64, 10, 700, 999, 1_001, 3_000, u64::MAX] {
+            let n = after(8, rate);
+            assert!((3..=8).contains(&n), "{rate}: {n}");
+            assert!(
+                after(8, rate.saturating_add(rate / 2)) <= n,
+                "monotone at {rate}"
+            );
+        }
+    }
 }
