@@ -141,16 +141,6 @@ pub struct Deadline {
     fallback: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl Deadline {
-    pub fn at(at: Instant) -> Self {
-        Self {
-            at,
-            slot: None,
-            fallback: None,
-        }
-    }
-}
-
 impl Future for Deadline {
     type Output = ();
 
@@ -162,13 +152,12 @@ impl Future for Deadline {
             return sleep.as_mut().poll(cx);
         }
         match &self.slot {
-            // The timer takes the waker only once `at` has passed, and `Instant` is
-            // monotonic, so a slot polled here still holds one: keep it current.
-            Some(slot) => {
-                if let Some(w) = lock(slot).as_mut() {
-                    w.clone_from(cx.waker());
-                }
-            }
+            Some(slot) => match lock(slot).as_mut() {
+                Some(w) => w.clone_from(cx.waker()),
+                // The timer takes the waker only once its clock has passed `at`: a race
+                // with the check above, and the deadline is over.
+                None => return Poll::Ready(()),
+            },
             None => self.register(cx),
         }
         Poll::Pending
@@ -176,6 +165,14 @@ impl Future for Deadline {
 }
 
 impl Deadline {
+    pub fn at(at: Instant) -> Self {
+        Self {
+            at,
+            slot: None,
+            fallback: None,
+        }
+    }
+
     fn register(&mut self, cx: &mut Context<'_>) {
         let slot: Slot = Arc::new(Mutex::new(Some(cx.waker().clone())));
         if timer().register(self.at, Arc::clone(&slot)) {
