@@ -168,12 +168,14 @@ enum Place {
 
 /// What a line said when it was last reported: a line is due again when any of it changed.
 /// Demand counts as changed only when it leaves its factor-of-two band (see `demand_band`).
+/// A grant applied, and the credit it added to the word, do not make a line due on their
+/// own: the owner that issued it knows it (it counts `max(granted, applied)`), a new owner
+/// gets every line in a full report (C8), and the refresh re-sends it within
+/// `refresh_rounds`. Re-sending each line once per grant was a third of all report lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 struct Reported {
     spend: u64,
-    held: u64,
     demand_band: u32,
-    applied: u64,
     returned: u64,
     self_granted: u64,
 }
@@ -839,9 +841,7 @@ impl NodeLimiter {
                 let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], &kw, rec);
                 let reported = Reported {
                     spend: line.cumulative_spend,
-                    held: line.held_credit,
                     demand_band: demand_band(line.demand),
-                    applied: line.applied_grant,
                     returned: line.returned,
                     self_granted: line.self_granted,
                 };
