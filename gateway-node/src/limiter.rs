@@ -49,7 +49,8 @@ pub struct NodeConfig {
     /// F5: owner silence after which enforcement is degraded.
     pub degraded_after_ms: u64,
     /// C4: rounds without a request after which held credit goes back to the pool, at
-    /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`).
+    /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`). After this
+    /// many, again only each time the quiet key's decaying demand halves (`scan_surface`).
     pub idle_return_rounds: u32,
     /// Rounds before a boundary at which the next window is reported, so its owner can
     /// grant before the first request of that window arrives.
@@ -167,12 +168,14 @@ enum Place {
 
 /// What a line said when it was last reported: a line is due again when any of it changed.
 /// Demand counts as changed only when it leaves its factor-of-two band (see `demand_band`).
+/// A grant applied, and the credit it added to the word, do not make a line due on their
+/// own: the owner that issued it knows it (it counts `max(granted, applied)`), a new owner
+/// gets every line in a full report (C8), and the refresh re-sends it within
+/// `refresh_rounds`. Re-sending each line once per grant was a third of all report lines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 struct Reported {
     spend: u64,
-    held: u64,
     demand_band: u32,
-    applied: u64,
     returned: u64,
     self_granted: u64,
 }
@@ -585,6 +588,7 @@ impl NodeLimiter {
                 std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
             track.last_shorts = shorts;
             let demand_before_milli = track.demand_milli.iter().copied().max().unwrap_or(0);
+            let mut band_moved = [false; PLAN_WINDOWS_MAX];
             for (slot, sample) in samples.into_iter().enumerate() {
                 // Peak-biased smoothing: rises within one round, decays over about eight,
                 // so a burst is seen at once and a pause does not strand the next
@@ -598,6 +602,7 @@ impl NodeLimiter {
                 } else {
                     d - (d - sample).div_ceil(8)
                 };
+                band_moved[slot] = demand_band(d) != demand_band(track.demand_milli[slot]);
             }
             track.idle_rounds = if delta == 0 {
                 if track.idle_rounds == 0 {
@@ -608,8 +613,20 @@ impl NodeLimiter {
                 0
             };
             let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
-            let idle =
-                track.idle_rounds >= Self::idle_return_after(idle_cap, track.quiet_from_milli);
+            // Idle credit goes back every quiet round from `idle_return_after` up to the
+            // configured wait, then only each time a window's decaying demand leaves its
+            // factor-of-two band (down to 0), rounds in which its report line is due
+            // anyway (`demand_band`). The owner re-grants against the demand residue what
+            // the node hands back, and handing it back every quiet round for as long as
+            // the residue lasted made a report line and a grant per quiet key per round,
+            // most of the protocol's traffic (BENCHMARKS.md, simulator). A busy key that
+            // went quiet (its traffic moved) still hands its credit back every round until
+            // the configured wait.
+            let idle_after = Self::idle_return_after(idle_cap, track.quiet_from_milli);
+            let idle: [bool; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| {
+                track.idle_rounds >= idle_after
+                    && (track.idle_rounds <= idle_cap || band_moved[slot])
+            });
             // Whether a window still needs ensure_record + install: absent, or its credit
             // not yet in a word. Both are no-ops on a live or closed record, the common
             // case, so it is read here instead of each looking the key up again.
@@ -631,7 +648,7 @@ impl NodeLimiter {
                         self.ensure_record(now, kw, slot, spec.limit);
                         self.install(key, bucket, kw);
                     }
-                    if idle && self.config.mode == Mode::Leasing {
+                    if idle[slot] && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
                 }
@@ -824,9 +841,7 @@ impl NodeLimiter {
                 let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], &kw, rec);
                 let reported = Reported {
                     spend: line.cumulative_spend,
-                    held: line.held_credit,
                     demand_band: demand_band(line.demand),
-                    applied: line.applied_grant,
                     returned: line.returned,
                     self_granted: line.self_granted,
                 };
