@@ -52,6 +52,9 @@ pub struct NodeConfig {
     /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`). After this
     /// many, again only each time the quiet key's decaying demand halves (`scan_surface`).
     pub idle_return_rounds: u32,
+    /// C4: the fewest quiet rounds after which even a busy key's credit goes back. A
+    /// test that keeps idle credit sets this and `idle_return_rounds` to `u32::MAX`.
+    pub idle_return_rounds_min: u32,
     /// Rounds before a boundary at which the next window is reported, so its owner can
     /// grant before the first request of that window arrives.
     pub prefetch_rounds: u32,
@@ -77,6 +80,7 @@ impl NodeConfig {
             missed_rounds_limit: 2,
             degraded_after_ms: 30_000,
             idle_return_rounds: 8,
+            idle_return_rounds_min: 3,
             prefetch_rounds: 2,
             refresh_rounds: 8,
             closed_reports: 2,
@@ -555,21 +559,23 @@ impl NodeLimiter {
     /// (the sim's shift scenario: a key's traffic leaves for another node mid-window, and
     /// its credit here is what that node lacks). A slow key keeps the configured wait, so
     /// a pause does not strand its next request on the fast path.
-    fn idle_return_after(cap: u32, rate_milli: u64) -> u32 {
+    fn idle_return_after(min: u32, cap: u32, rate_milli: u64) -> u32 {
         const QUIET_ODDS_MILLI: u64 = 6_000;
-        const MIN_ROUNDS: u32 = 3;
         if rate_milli == 0 {
             return cap;
         }
         u32::try_from(QUIET_ODDS_MILLI.div_ceil(rate_milli))
             .unwrap_or(u32::MAX)
-            .clamp(MIN_ROUNDS.min(cap), cap)
+            .clamp(min.min(cap), cap)
     }
 
     fn scan_surface(&mut self, now: Now) {
         let surface = Arc::clone(&self.surface);
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
-        let idle_cap = self.config.idle_return_rounds;
+        let (idle_min, idle_cap) = (
+            self.config.idle_return_rounds_min,
+            self.config.idle_return_rounds,
+        );
         surface.for_each(|key, bucket| {
             let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
             let track = self
@@ -622,7 +628,7 @@ impl NodeLimiter {
             // most of the protocol's traffic (BENCHMARKS.md, simulator). A busy key that
             // went quiet (its traffic moved) still hands its credit back every round until
             // the configured wait.
-            let idle_after = Self::idle_return_after(idle_cap, track.quiet_from_milli);
+            let idle_after = Self::idle_return_after(idle_min, idle_cap, track.quiet_from_milli);
             let idle: [bool; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| {
                 track.idle_rounds >= idle_after
                     && (track.idle_rounds <= idle_cap || band_moved[slot])
@@ -1560,13 +1566,18 @@ mod tests {
     /// configured cap.
     #[test]
     fn idle_return_waits_longer_for_slower_keys() {
-        let after = NodeLimiter::idle_return_after;
+        let after = |cap, rate| NodeLimiter::idle_return_after(3, cap, rate);
         assert_eq!(after(8, 0), 8);
         assert_eq!(after(8, 600), 8);
         assert_eq!(after(8, 1_250), 5);
         assert_eq!(after(8, 2_000), 3);
         assert_eq!(after(8, 50_000), 3);
         assert_eq!(after(2, 50_000), 2);
+        // Idle return off: never, however busy the key was.
+        assert_eq!(
+            NodeLimiter::idle_return_after(u32::MAX, u32::MAX, 50_000),
+            u32::MAX
+        );
         for rate in [1u64, 10, 700, 999, 1_001, 3_000, u64::MAX] {
             let n = after(8, rate);
             assert!((3..=8).contains(&n), "{rate}: {n}");
