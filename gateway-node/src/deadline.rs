@@ -8,8 +8,7 @@
 //! tasks whose deadline has passed. Only requests that took the fast path use it (0.4% of
 //! decisions at the reference load); the decision itself never does.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
@@ -24,32 +23,11 @@ const PENDING_MAX: usize = 1 << 16;
 /// What a pending deadline wakes: the latest waker of the future that waits on it.
 type Slot = Arc<Mutex<Option<Waker>>>;
 
-struct Pending {
-    at: Instant,
-    seq: u64,
-    slot: Slot,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
-
+/// Pending deadlines in the order they fall due; the sequence number keeps two that fall
+/// at the same instant apart.
 #[derive(Default)]
 struct Heap {
-    pending: BinaryHeap<Reverse<Pending>>,
+    pending: BTreeMap<(Instant, u64), Slot>,
     seq: u64,
 }
 
@@ -85,11 +63,12 @@ impl Timer {
         let mut heap = lock(&self.heap);
         loop {
             let now = Instant::now();
-            while heap.pending.peek().is_some_and(|p| p.0.at <= now) {
-                let Reverse(p) = heap.pending.pop().expect("peeked");
-                due.push(p.slot);
+            while let Some(entry) = heap.pending.first_entry()
+                && entry.key().0 <= now
+            {
+                due.push(entry.remove());
             }
-            let next = heap.pending.peek().map(|p| p.0.at);
+            let next = heap.pending.first_key_value().map(|(&(at, _), _)| at);
             if !due.is_empty() {
                 // Wake outside the heap's lock: a waker may run code of its own.
                 drop(heap);
@@ -122,10 +101,13 @@ impl Timer {
         if heap.pending.len() >= PENDING_MAX {
             return false;
         }
-        let earliest = heap.pending.peek().is_none_or(|p| at < p.0.at);
+        let earliest = heap
+            .pending
+            .first_key_value()
+            .is_none_or(|(&(first, _), _)| at < first);
         heap.seq += 1;
         let seq = heap.seq;
-        heap.pending.push(Reverse(Pending { at, seq, slot }));
+        heap.pending.insert((at, seq), slot);
         drop(heap);
         if earliest {
             self.changed.notify_one();

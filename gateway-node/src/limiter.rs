@@ -593,7 +593,9 @@ impl NodeLimiter {
             let samples: [u64; PLAN_WINDOWS_MAX] =
                 std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
             track.last_shorts = shorts;
-            let demand_before_milli = track.demand_milli.iter().copied().max().unwrap_or(0);
+            // Read before this round's decay, and only in the round a quiet spell begins.
+            let quiet_from_milli = (delta == 0 && track.idle_rounds == 0)
+                .then(|| track.demand_milli.iter().copied().max().unwrap_or(0));
             let mut band_moved = [false; PLAN_WINDOWS_MAX];
             for (slot, sample) in samples.into_iter().enumerate() {
                 // Peak-biased smoothing: rises within one round, decays over about eight,
@@ -611,8 +613,8 @@ impl NodeLimiter {
                 band_moved[slot] = demand_band(d) != demand_band(track.demand_milli[slot]);
             }
             track.idle_rounds = if delta == 0 {
-                if track.idle_rounds == 0 {
-                    track.quiet_from_milli = demand_before_milli;
+                if let Some(rate_milli) = quiet_from_milli {
+                    track.quiet_from_milli = rate_milli;
                 }
                 track.idle_rounds.saturating_add(1)
             } else {

@@ -551,22 +551,16 @@ impl DecisionSurface {
         policy: &KeyPolicy,
     ) -> Result<(), usize> {
         let hash = key.hash64();
-        let mut numbers = [0u64; INLINE_WINDOWS];
         let count = policy.window_count();
         debug_assert!(count <= INLINE_WINDOWS);
-        for i in 0..count {
-            let length = policy.length(i);
-            let since_ms = wall_ms.saturating_sub(length.remainder(hash));
-            numbers[i] = length.quotient(since_ms);
-            let n = numbers[i];
-            if credit::try_charge(&bucket.words[i][credit::parity(n)], credit::tag_of(n)).is_err() {
-                for (words, &n) in bucket.words.iter().zip(&numbers[..i]) {
-                    credit::refund(&words[credit::parity(n)], credit::tag_of(n));
-                }
-                return Err(i);
-            }
-        }
-        Ok(())
+        Self::charge_all(
+            count,
+            |i| {
+                let length = policy.length(i);
+                length.quotient(wall_ms.saturating_sub(length.remainder(hash)))
+            },
+            |i| &bucket.words[i],
+        )
     }
 
     /// Any other case: a plan of more than two windows, a length without a compact code,
@@ -576,14 +570,30 @@ impl DecisionSurface {
     #[inline(never)]
     fn charge_general(bucket: &KeyBucket, key: KeyId, wall_ms: u64) -> Result<(), usize> {
         let windows = bucket.policy().windows();
+        Self::charge_all(
+            windows.len(),
+            |i| window_at(key, windows[i].length_ms, wall_ms).number,
+            |i| bucket.words(i),
+        )
+    }
+
+    /// D4's all or none: one unit of window `i`'s credit (numbered `number(i)`, in the
+    /// words `words(i)`) for every `i < count`, or, at the first window short, the units
+    /// already taken refunded and `Err(i)`. Both paths share it; each inlines its own
+    /// closures, so the common one keeps its words in the bucket's line.
+    #[inline(always)]
+    fn charge_all<'b>(
+        count: usize,
+        number: impl Fn(usize) -> u64,
+        words: impl Fn(usize) -> &'b [AtomicU64; 2],
+    ) -> Result<(), usize> {
         let mut numbers = [0u64; PLAN_WINDOWS_MAX];
-        for (i, spec) in windows.iter().enumerate() {
-            let w = window_at(key, spec.length_ms, wall_ms);
-            numbers[i] = w.number;
-            if credit::try_charge(bucket.word(i, w), credit::tag_of(w.number)).is_err() {
+        for i in 0..count {
+            let n = number(i);
+            numbers[i] = n;
+            if credit::try_charge(&words(i)[credit::parity(n)], credit::tag_of(n)).is_err() {
                 for (j, &n) in numbers[..i].iter().enumerate() {
-                    let words = bucket.words(j);
-                    credit::refund(&words[credit::parity(n)], credit::tag_of(n));
+                    credit::refund(&words(j)[credit::parity(n)], credit::tag_of(n));
                 }
                 return Err(i);
             }
