@@ -581,11 +581,15 @@ impl NodeLimiter {
     /// of them; a node with no 1 s credit never spent its 60 s credit, and the key never
     /// went quiet there, so the idle return never moved it. At the 60 s window's end 102
     /// of its 1,500 were still held that way: its whole under-admission (A2).
-    /// `None`: no shorter window, so only the key's own idleness counts.
+    /// Never fewer than `idle_cap` rounds, the key's own idle wait (a very short shorter
+    /// window would otherwise hand credit back over an ordinary gap; a configuration that
+    /// keeps idle credit, `u32::MAX`, keeps this too). `None`: no shorter window, so only
+    /// the key's own idleness counts.
     fn blocked_return_rounds(
         windows: &[bus_schemas::WindowSpec],
         slot: usize,
         round_ms: u32,
+        idle_cap: u32,
     ) -> Option<u64> {
         let length_ms = windows.get(slot)?.length_ms;
         let shorter_ms = windows
@@ -593,7 +597,7 @@ impl NodeLimiter {
             .map(|w| w.length_ms)
             .filter(|l| *l < length_ms)
             .min()?;
-        Some(2 * u64::from(shorter_ms) / u64::from(round_ms.max(1)))
+        Some((2 * u64::from(shorter_ms) / u64::from(round_ms.max(1))).max(u64::from(idle_cap)))
     }
 
     fn scan_surface(&mut self, now: Now) {
@@ -690,8 +694,13 @@ impl NodeLimiter {
                         self.install(key, bucket, kw);
                     }
                     let blocked = delta > 0
-                        && Self::blocked_return_rounds(bucket.policy().windows(), slot, round_ms)
-                            .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
+                        && Self::blocked_return_rounds(
+                            bucket.policy().windows(),
+                            slot,
+                            round_ms,
+                            idle_cap,
+                        )
+                        .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
                     if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
@@ -1622,6 +1631,29 @@ fn check_record(
 #[cfg(test)]
 mod tests {
     use super::NodeLimiter;
+
+    /// A window's credit goes back while its key is busy only when a shorter window has
+    /// stopped every request for two of its lengths; the shortest window never does.
+    #[test]
+    fn blocked_return_waits_two_shorter_windows() {
+        use bus_schemas::WindowSpec;
+        let plan = [
+            WindowSpec {
+                length_ms: 1_000,
+                limit: 40,
+            },
+            WindowSpec {
+                length_ms: 60_000,
+                limit: 1_500,
+            },
+        ];
+        let after = |slot, cap| NodeLimiter::blocked_return_rounds(&plan, slot, 25, cap);
+        assert_eq!(after(0, 8), None);
+        assert_eq!(after(1, 8), Some(80));
+        assert_eq!(after(1, 200), Some(200));
+        assert_eq!(after(1, u32::MAX), Some(u64::from(u32::MAX)));
+        assert_eq!(after(2, 8), None);
+    }
 
     /// A busy key's credit goes back after a quiet spell its own rate makes unlikely; a
     /// slow one waits the configured rounds; never fewer than three, never more than the
