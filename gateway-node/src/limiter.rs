@@ -225,6 +225,12 @@ struct KeyTrack {
     /// Per plan window, the last round in which a request wanted its credit (0: not yet
     /// set). A key can be busy while one of its windows is not: see `blocked_return_rounds`.
     wanted_round: [u64; PLAN_WINDOWS_MAX],
+    /// The highest smoothed demand of any window lately (thousandths of a request per
+    /// round) and the round it was seen; read halved for every `PEAK_HALF_LIFE_ROUNDS`
+    /// since (`KeyTrack::peak`). A stray request in a quiet spell starts a new spell
+    /// from almost nothing, so `quiet_from_milli` forgets a burst that this keeps.
+    peak_milli: u64,
+    peak_round: u64,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
 }
@@ -252,9 +258,20 @@ impl Installed {
     }
 }
 
+/// How fast `KeyTrack::peak` forgets: halved every 4 s at 25 ms rounds, so a key that
+/// bursts every few seconds (the sim's bursty keys: 1 s on in every 4) is still known
+/// for one at its next burst.
+const PEAK_HALF_LIFE_ROUNDS: u64 = 160;
+
 impl KeyTrack {
     fn demand(&self, slot: usize) -> u64 {
         self.demand_milli[slot].max(self.last_round_milli[slot])
+    }
+
+    /// The recent peak as of `round`, decayed on read so a quiet key costs nothing.
+    fn peak(&self, round: u64) -> u64 {
+        let halvings = round.saturating_sub(self.peak_round) / PEAK_HALF_LIFE_ROUNDS;
+        self.peak_milli >> halvings.min(63)
     }
 }
 
@@ -649,6 +666,11 @@ impl NodeLimiter {
                 }
             }
             let wanted_round = track.wanted_round;
+            let smoothed = track.demand_milli.iter().copied().max().unwrap_or(0);
+            if smoothed >= track.peak(round) {
+                track.peak_milli = smoothed;
+                track.peak_round = round;
+            }
             track.idle_rounds = if delta == 0 {
                 if let Some(rate_milli) = quiet_from_milli {
                     track.quiet_from_milli = rate_milli;
@@ -1080,7 +1102,10 @@ impl NodeLimiter {
     /// tick has not seen it yet). Sized from that, the grant was one round of pace (one
     /// unit), the round's one fast path was spent, and the rest of the round's burst got
     /// 429s: in the sim's bursty run, 6,300 of the 8,000 requests the oracle admitted
-    /// and the 60 s window refused came with credit in the owner's pool.
+    /// and the 60 s window refused came with credit in the owner's pool. At the end of
+    /// a quiet spell the recent peak counts too: the bursty keys' stray requests between
+    /// bursts left `quiet_from_milli` under one request a round, and their first fast
+    /// path of a burst still got 3 units for a round of 3-5 requests.
     fn fast_path_demand(&self, key: &KeyId) -> u64 {
         let Some(track) = self.keys.get(key).and_then(|s| s.track.as_ref()) else {
             return 0;
@@ -1090,7 +1115,9 @@ impl NodeLimiter {
             .max()
             .unwrap_or(0);
         if track.idle_rounds > 0 {
-            busiest.max(track.quiet_from_milli)
+            busiest
+                .max(track.quiet_from_milli)
+                .max(track.peak(self.round))
         } else {
             busiest
         }
