@@ -222,6 +222,15 @@ struct KeyTrack {
     /// The highest smoothed demand when the current quiet spell began (thousandths of a
     /// request per round): how long a spell must last to mean the traffic has gone.
     quiet_from_milli: u64,
+    /// Per plan window, the last round in which a request wanted its credit (0: not yet
+    /// set). A key can be busy while one of its windows is not: see `blocked_return_rounds`.
+    wanted_round: [u64; PLAN_WINDOWS_MAX],
+    /// The highest smoothed demand of any window lately (thousandths of a request per
+    /// round) and the round it was seen; read halved for every `PEAK_HALF_LIFE_ROUNDS`
+    /// since (`KeyTrack::peak`). A stray request in a quiet spell starts a new spell
+    /// from almost nothing, so `quiet_from_milli` forgets a burst that this keeps.
+    peak_milli: u64,
+    peak_round: u64,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
 }
@@ -249,9 +258,20 @@ impl Installed {
     }
 }
 
+/// How fast `KeyTrack::peak` forgets: halved every 4 s at 25 ms rounds, so a key that
+/// bursts every few seconds (the sim's bursty keys: 1 s on in every 4) is still known
+/// for one at its next burst.
+const PEAK_HALF_LIFE_ROUNDS: u64 = 160;
+
 impl KeyTrack {
     fn demand(&self, slot: usize) -> u64 {
         self.demand_milli[slot].max(self.last_round_milli[slot])
+    }
+
+    /// The recent peak as of `round`, decayed on read so a quiet key costs nothing.
+    fn peak(&self, round: u64) -> u64 {
+        let halvings = round.saturating_sub(self.peak_round) / PEAK_HALF_LIFE_ROUNDS;
+        self.peak_milli >> halvings.min(63)
     }
 }
 
@@ -569,8 +589,38 @@ impl NodeLimiter {
             .clamp(min.min(cap), cap)
     }
 
+    /// C4: quiet rounds after which a window's credit goes back although its key is busy,
+    /// because a shorter window of the plan stops every request first: two of the
+    /// shortest such window's lengths (80 rounds for a 60 s window under a 1 s one), so
+    /// an ordinary spell of the shorter window's 429s (its last stretch, until it turns
+    /// over) keeps it. The sim's hot-key run showed why: every node held 16-74 of the
+    /// hot key's 60 s credit while the 1 s credit, 40 a second fleet-wide, went to a few
+    /// of them; a node with no 1 s credit never spent its 60 s credit, and the key never
+    /// went quiet there, so the idle return never moved it. At the 60 s window's end 102
+    /// of its 1,500 were still held that way: its whole under-admission (A2).
+    /// Never fewer than `idle_cap` rounds, the key's own idle wait (a very short shorter
+    /// window would otherwise hand credit back over an ordinary gap; a configuration that
+    /// keeps idle credit, `u32::MAX`, keeps this too). `None`: no shorter window, so only
+    /// the key's own idleness counts.
+    fn blocked_return_rounds(
+        windows: &[bus_schemas::WindowSpec],
+        slot: usize,
+        round_ms: u32,
+        idle_cap: u32,
+    ) -> Option<u64> {
+        let length_ms = windows.get(slot)?.length_ms;
+        let shorter_ms = windows
+            .iter()
+            .map(|w| w.length_ms)
+            .filter(|l| *l < length_ms)
+            .min()?;
+        Some((2 * u64::from(shorter_ms) / u64::from(round_ms.max(1))).max(u64::from(idle_cap)))
+    }
+
     fn scan_surface(&mut self, now: Now) {
         let surface = Arc::clone(&self.surface);
+        let round = self.round;
+        let round_ms = self.config.round_ms;
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
         let (idle_min, idle_cap) = (
             self.config.idle_return_rounds_min,
@@ -611,6 +661,15 @@ impl NodeLimiter {
                     d - (d - sample).div_ceil(8)
                 };
                 band_moved[slot] = demand_band(d) != demand_band(track.demand_milli[slot]);
+                if sample > 0 || track.wanted_round[slot] == 0 {
+                    track.wanted_round[slot] = round;
+                }
+            }
+            let wanted_round = track.wanted_round;
+            let smoothed = track.demand_milli.iter().copied().max().unwrap_or(0);
+            if smoothed >= track.peak(round) {
+                track.peak_milli = smoothed;
+                track.peak_round = round;
             }
             track.idle_rounds = if delta == 0 {
                 if let Some(rate_milli) = quiet_from_milli {
@@ -656,7 +715,15 @@ impl NodeLimiter {
                         self.ensure_record(now, kw, slot, spec.limit);
                         self.install(key, bucket, kw);
                     }
-                    if idle[slot] && self.config.mode == Mode::Leasing {
+                    let blocked = delta > 0
+                        && Self::blocked_return_rounds(
+                            bucket.policy().windows(),
+                            slot,
+                            round_ms,
+                            idle_cap,
+                        )
+                        .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
+                    if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
                         self.return_idle_credit(now, bucket, kw);
                     }
                 }
@@ -1028,6 +1095,34 @@ impl NodeLimiter {
         sent
     }
 
+    /// The demand a fast-path request advertises (C4 sizes its grant from it): the
+    /// key's, not only the short window's. The window's own estimate is stale exactly
+    /// when a fast path is needed: it decayed while a shorter window stopped every
+    /// request, or over a quiet spell whose end this request is the first sign of (the
+    /// tick has not seen it yet). Sized from that, the grant was one round of pace (one
+    /// unit), the round's one fast path was spent, and the rest of the round's burst got
+    /// 429s: in the sim's bursty run, 6,300 of the 8,000 requests the oracle admitted
+    /// and the 60 s window refused came with credit in the owner's pool. At the end of
+    /// a quiet spell the recent peak counts too: the bursty keys' stray requests between
+    /// bursts left `quiet_from_milli` under one request a round, and their first fast
+    /// path of a burst still got 3 units for a round of 3-5 requests.
+    fn fast_path_demand(&self, key: &KeyId) -> u64 {
+        let Some(track) = self.keys.get(key).and_then(|s| s.track.as_ref()) else {
+            return 0;
+        };
+        let busiest = (0..PLAN_WINDOWS_MAX)
+            .map(|slot| track.demand(slot))
+            .max()
+            .unwrap_or(0);
+        if track.idle_rounds > 0 {
+            busiest
+                .max(track.quiet_from_milli)
+                .max(track.peak(self.round))
+        } else {
+            busiest
+        }
+    }
+
     /// One D5 request for `kw`; false when the link is not healthy or the caps are hit.
     fn send_fast_path(&mut self, now: Now, kw: KeyWindow, slot: usize, limit: u64) -> bool {
         let shard = kw.shard(self.config.shards);
@@ -1045,7 +1140,8 @@ impl NodeLimiter {
             self.install(kw.key, &bucket, kw);
         }
         let rec = self.record(&kw).expect("ensured above");
-        let entry = self.line(&kw, rec);
+        let mut entry = self.line(&kw, rec);
+        entry.demand = entry.demand.max(self.fast_path_demand(&kw.key));
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         self.pending.insert(
@@ -1562,6 +1658,29 @@ fn check_record(
 #[cfg(test)]
 mod tests {
     use super::NodeLimiter;
+
+    /// A window's credit goes back while its key is busy only when a shorter window has
+    /// stopped every request for two of its lengths; the shortest window never does.
+    #[test]
+    fn blocked_return_waits_two_shorter_windows() {
+        use bus_schemas::WindowSpec;
+        let plan = [
+            WindowSpec {
+                length_ms: 1_000,
+                limit: 40,
+            },
+            WindowSpec {
+                length_ms: 60_000,
+                limit: 1_500,
+            },
+        ];
+        let after = |slot, cap| NodeLimiter::blocked_return_rounds(&plan, slot, 25, cap);
+        assert_eq!(after(0, 8), None);
+        assert_eq!(after(1, 8), Some(80));
+        assert_eq!(after(1, 200), Some(200));
+        assert_eq!(after(1, u32::MAX), Some(u64::from(u32::MAX)));
+        assert_eq!(after(2, 8), None);
+    }
 
     /// A busy key's credit goes back after a quiet spell its own rate makes unlikely; a
     /// slow one waits the configured rounds; never fewer than three, never more than the
