@@ -197,7 +197,9 @@ struct WindowRecord {
     exhausted: bool,
     place: Place,
     last_reported: Option<Reported>,
-    rounds_since_report: u32,
+    /// The round of the last report of this line: it is due again `refresh_rounds` later
+    /// (a stamp rather than a count, so a round need not visit a line it does not send).
+    reported_round: u64,
     closed_reports_sent: u32,
     /// Spend as of the last invariant check, to prove it never goes backwards.
     spend_floor: u64,
@@ -224,6 +226,10 @@ struct KeyTrack {
     quiet_from_milli: u64,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
+    /// The last round whose decisions this track took in (0: none yet). Rounds a key
+    /// is not visited in had no decisions for it, and are taken in as quiet rounds when
+    /// it next is (`KeyTrack::observe`).
+    scanned_round: u64,
 }
 
 /// Per plan slot and parity, the window number a credit word holds, if any. `u64::MAX`
@@ -253,6 +259,71 @@ impl KeyTrack {
     fn demand(&self, slot: usize) -> u64 {
         self.demand_milli[slot].max(self.last_round_milli[slot])
     }
+
+    /// One round of the demand track: `delta` decisions since the last round, `shorts`
+    /// the bucket's short counters now. Returns, per plan window, whether its smoothed
+    /// demand left its factor-of-two band. A round with no decisions is `observe(0,
+    /// self.last_shorts)`, which is how the rounds a key was not visited in are taken in.
+    fn observe(
+        &mut self,
+        delta: u64,
+        shorts: [u32; PLAN_WINDOWS_MAX + 1],
+    ) -> [bool; PLAN_WINDOWS_MAX] {
+        let short_delta =
+            |i: usize| u64::from(shorts[i].wrapping_sub(self.last_shorts[i])).min(delta);
+        let passed = delta - short_delta(PLAN_WINDOWS_MAX);
+        let samples: [u64; PLAN_WINDOWS_MAX] =
+            std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
+        self.last_shorts = shorts;
+        // Read before this round's decay, and only in the round a quiet spell begins.
+        let quiet_from_milli = (delta == 0 && self.idle_rounds == 0)
+            .then(|| self.demand_milli.iter().copied().max().unwrap_or(0));
+        let mut band_moved = [false; PLAN_WINDOWS_MAX];
+        for (slot, sample) in samples.into_iter().enumerate() {
+            // Peak-biased smoothing: rises within one round, decays over about eight,
+            // so a burst is seen at once and a pause does not strand the next
+            // window's grant. The step is at least 1 so integer decay reaches the
+            // sample: a residue that never reached 0 kept an idle node asking for
+            // (and returning) credit forever.
+            let d = self.demand_milli[slot];
+            self.last_round_milli[slot] = sample;
+            self.demand_milli[slot] = if sample >= d {
+                d + (sample - d).div_ceil(8)
+            } else {
+                d - (d - sample).div_ceil(8)
+            };
+            band_moved[slot] = demand_band(d) != demand_band(self.demand_milli[slot]);
+        }
+        self.idle_rounds = if delta == 0 {
+            if let Some(rate_milli) = quiet_from_milli {
+                self.quiet_from_milli = rate_milli;
+            }
+            self.idle_rounds.saturating_add(1)
+        } else {
+            0
+        };
+        band_moved
+    }
+
+    /// Idle credit goes back every quiet round from `idle_return_after` up to the
+    /// configured wait, then only each time a window's decaying demand leaves its
+    /// factor-of-two band (down to 0), rounds in which its report line is due anyway
+    /// (`demand_band`). The owner re-grants against the demand residue what the node
+    /// hands back, and handing it back every quiet round for as long as the residue
+    /// lasted made a report line and a grant per quiet key per round, most of the
+    /// protocol's traffic (BENCHMARKS.md, simulator). A busy key that went quiet (its
+    /// traffic moved) still hands its credit back every round until the configured wait.
+    fn idle(
+        &self,
+        band_moved: [bool; PLAN_WINDOWS_MAX],
+        idle_min: u32,
+        idle_cap: u32,
+    ) -> [bool; PLAN_WINDOWS_MAX] {
+        let idle_after = NodeLimiter::idle_return_after(idle_min, idle_cap, self.quiet_from_milli);
+        std::array::from_fn(|slot| {
+            self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || band_moved[slot])
+        })
+    }
 }
 
 /// Everything the reconciler keeps for one key: its demand track and the book of each of
@@ -270,6 +341,11 @@ struct KeyState {
     /// boundary a prefetched or a closed window spills to the heap for a few rounds,
     /// and `close_ended_windows` moves them back inline.
     records: smallvec::SmallVec<[(WindowId, WindowRecord); 2]>,
+    /// The last round that visited this key (a key is visited once a round at most).
+    visit_round: u64,
+    /// The round this key is next due a visit in with no new decisions (0: none; see
+    /// `NodeLimiter::schedule`).
+    due_round: u64,
 }
 
 impl KeyState {
@@ -291,16 +367,26 @@ impl KeyState {
         self.records.iter().any(|(_, r)| r.place == Place::Live)
     }
 
-    /// Demand for plan window `slot` (see `KeyTrack::demand_milli`).
-    fn demand(&self, slot: u8) -> u64 {
-        self.track
-            .as_ref()
-            .map_or(0, |t| t.demand(usize::from(slot)))
+    /// Demand for plan window `slot` (see `KeyTrack::demand_milli`) as of `round`.
+    fn demand(&self, slot: u8, round: u64) -> u64 {
+        self.demands(round)[usize::from(slot)]
     }
 
-    /// Every plan window's demand at once, for loops that hold the records mutably.
-    fn demands(&self) -> [u64; PLAN_WINDOWS_MAX] {
-        std::array::from_fn(|slot| self.demand(slot as u8))
+    /// Every plan window's demand at once as of `round`, for loops that hold the records
+    /// mutably. A track not visited since an earlier round is read with those quiet
+    /// rounds taken in, on a copy: the line is what a visit every round would show.
+    fn demands(&self, round: u64) -> [u64; PLAN_WINDOWS_MAX] {
+        let Some(track) = self.track.as_ref() else {
+            return [0; PLAN_WINDOWS_MAX];
+        };
+        if track.scanned_round == 0 || track.scanned_round >= round {
+            return std::array::from_fn(|slot| track.demand(slot));
+        }
+        let mut t = track.clone();
+        for _ in track.scanned_round..round {
+            t.observe(0, t.last_shorts);
+        }
+        std::array::from_fn(|slot| t.demand(slot))
     }
 }
 
@@ -341,7 +427,28 @@ pub struct NodeLimiter {
     stats: NodeStats,
     /// P1: the policy version this node's buckets follow.
     policy_version: u64,
+    /// Keys due a visit with no new decisions, by due round mod `WHEEL_ROUNDS`. An entry
+    /// is live while its key's `due_round` still names that round; a key is due within
+    /// `refresh_rounds` at most, so one turn of the wheel covers every live entry.
+    wheel: Vec<Vec<KeyId>>,
+    /// Keys whose records changed outside a tick (a grant or a fast path made one), to
+    /// visit at the next tick.
+    dirty: Vec<KeyId>,
+    /// Each bucket's (digest, attempts) as the last round's pass saw them, in the
+    /// surface's iteration order, so the pass compares in order instead of looking up.
+    attempts_seen: Vec<(u128, u16)>,
+    /// The next tick visits every key: the first, one after a late round, a policy
+    /// switch or an eviction.
+    visit_all: bool,
+    last_tick_wall_ms: u64,
+    /// Key-windows whose books changed since the caller last took them
+    /// (`track_changes`); `None` when nobody asked.
+    changes: Option<Vec<KeyWindow>>,
+    changes_overflowed: bool,
 }
+
+/// Rounds the visit wheel spans: more than any due distance `schedule` sets.
+const WHEEL_ROUNDS: u64 = 32;
 
 /// Smoothed demand moves every round as it decays, and a line re-sent only for that made
 /// almost every line of a quiet key due every round (C4 sizes a grant as h x demand, with h
@@ -397,6 +504,13 @@ impl NodeLimiter {
             outbox: VecDeque::new(),
             stats: NodeStats::default(),
             policy_version: 0,
+            wheel: vec![Vec::new(); WHEEL_ROUNDS as usize],
+            dirty: Vec::new(),
+            attempts_seen: Vec::new(),
+            visit_all: true,
+            last_tick_wall_ms: now.wall_ms,
+            changes: None,
+            changes_overflowed: false,
         };
         limiter.publish_health(now);
         limiter
@@ -478,6 +592,16 @@ impl NodeLimiter {
     }
 
     /// One reconciliation round (T = `round_ms`, C1).
+    ///
+    /// A round visits only the keys that can need it: those with decisions since the
+    /// last round (their attempt counters moved), those whose records changed outside a
+    /// tick, and those due by time (`schedule`: a window ending or about to, a line due
+    /// for its refresh or for a demand band, an idle-return round, a closed line's last
+    /// reports). A key in none of these would have had every step of the round a no-op
+    /// but its demand's decay, which its next visit takes in (`KeyTrack::observe`); so
+    /// the round does what a pass over every key and bucket did, at the cost of the keys
+    /// that move. A round whose wall time ran more than one round ahead (a late round)
+    /// visits every key, since `schedule` counts time in rounds.
     pub fn handle_tick(&mut self, now: Now) {
         self.round += 1;
         self.stats.rounds += 1;
@@ -487,31 +611,143 @@ impl NodeLimiter {
             now.wall_ms + u64::from(self.config.round_ms),
         );
         self.publish_health(now);
-        self.close_ended_windows(now);
-        self.scan_surface(now);
-        self.write_reports(now);
+        let late =
+            now.wall_ms.saturating_sub(self.last_tick_wall_ms) > u64::from(self.config.round_ms);
+        self.last_tick_wall_ms = now.wall_ms;
+        let all = std::mem::take(&mut self.visit_all)
+            || late
+            || self.links.iter().any(|l| l.full_report_due);
+        let visit = self.keys_to_visit(all);
+        self.close_ended_windows(now, &visit);
+        self.scan_surface(now, &visit);
+        self.write_reports(now, &visit);
+        self.schedule(now, &visit);
         self.evict_if_over_cap();
         let expiry_ms = 4 * u64::from(self.config.round_ms);
         self.pending
             .retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
     }
 
-    /// Close every window that has ended, fixing its spend; reap closed records once their
-    /// final reports are out (the node-side mirror of C7).
-    fn close_ended_windows(&mut self, now: Now) {
+    /// This round's keys (see `handle_tick`), each once: with `all`, every key the
+    /// reconciler or the surface knows.
+    fn keys_to_visit(&mut self, all: bool) -> Vec<KeyId> {
+        let round = self.round;
+        let mut visit = Vec::new();
+        // Decisions since the last round. A bucket the pass has not seen at this place
+        // in the order (new, or moved by the map's growth) is visited too: a visit is
+        // always exact, only skipping one needs a reason.
+        let mut moved: Vec<u128> = Vec::new();
+        let mut i = 0;
+        let seen = &mut self.attempts_seen;
+        self.surface.for_each_attempts(|digest, attempts| {
+            match seen.get_mut(i) {
+                Some(e) if e.0 == digest => {
+                    if e.1 != attempts {
+                        e.1 = attempts;
+                        moved.push(digest);
+                    }
+                }
+                Some(e) => {
+                    *e = (digest, attempts);
+                    moved.push(digest);
+                }
+                None => {
+                    seen.push((digest, attempts));
+                    moved.push(digest);
+                }
+            }
+            i += 1;
+        });
+        seen.truncate(i);
+        let take = |keys: &mut DetMap<KeyId, KeyState>, key: KeyId, visit: &mut Vec<KeyId>| {
+            if let Some(state) = keys.get_mut(&key) {
+                if state.visit_round == round {
+                    return;
+                }
+                state.visit_round = round;
+            }
+            visit.push(key);
+        };
+        for digest in moved {
+            let probe = KeyId { version: 0, digest };
+            if let Some(key) = self.surface.get(&probe).map(|b| b.key()) {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        let slot = (round % WHEEL_ROUNDS) as usize;
+        for key in std::mem::take(&mut self.wheel[slot]) {
+            if self.keys.get(&key).is_some_and(|s| s.due_round == round) {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        for key in std::mem::take(&mut self.dirty) {
+            take(&mut self.keys, key, &mut visit);
+        }
+        if all {
+            let known: Vec<KeyId> = self.keys.keys().copied().collect();
+            for key in known {
+                take(&mut self.keys, key, &mut visit);
+            }
+            let mut fresh = Vec::new();
+            self.surface.for_each(|key, _| fresh.push(key));
+            for key in fresh {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        // A key the surface has and the reconciler does not may come from two sources
+        // (the pass and `all`); a known one is stamped above.
+        visit.sort_unstable();
+        visit.dedup();
+        visit
+    }
+
+    /// Note a key-window whose book changed, for a caller that checks them.
+    fn note_change(
+        changes: &mut Option<Vec<KeyWindow>>,
+        overflowed: &mut bool,
+        cap: usize,
+        kw: KeyWindow,
+    ) {
+        if let Some(c) = changes.as_mut() {
+            if c.len() < cap {
+                c.push(kw);
+            } else {
+                *overflowed = true;
+            }
+        }
+    }
+
+    /// Close every visited key's windows that have ended, fixing their spend; reap
+    /// closed records once their final reports are out (the node-side mirror of C7).
+    fn close_ended_windows(&mut self, now: Now, visit: &[KeyId]) {
         let closed_reports = self.config.closed_reports;
+        let cap = self.config.records_cap;
         let surface = Arc::clone(&self.surface);
         let mut reaped = 0;
-        self.keys.retain(|key, state| {
-            let KeyState { track, records } = state;
+        let Self {
+            keys,
+            changes,
+            changes_overflowed,
+            ..
+        } = self;
+        for key in visit {
+            let Some(state) = keys.get_mut(key) else {
+                continue;
+            };
+            let KeyState { track, records, .. } = state;
             records.retain_mut(|(window, rec)| {
                 if window_end_ms(*key, *window) > now.wall_ms {
                     return true;
                 }
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
                 match rec.place {
                     Place::Closed { .. } => {
                         if rec.closed_reports_sent >= closed_reports {
                             reaped += 1;
+                            Self::note_change(changes, changes_overflowed, cap, kw);
                             return false;
                         }
                     }
@@ -519,6 +755,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - credit,
                         };
+                        Self::note_change(changes, changes_overflowed, cap, kw);
                     }
                     Place::Live => {
                         let taken = surface
@@ -535,6 +772,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - taken,
                         };
+                        Self::note_change(changes, changes_overflowed, cap, kw);
                         if let Some(track) = track.as_mut() {
                             let p = credit::parity(window.number);
                             if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
@@ -548,8 +786,10 @@ impl NodeLimiter {
             if records.spilled() && records.len() <= records.inline_size() {
                 records.shrink_to_fit();
             }
-            track.is_some() || !records.is_empty()
-        });
+            if track.is_none() && records.is_empty() {
+                keys.remove(key);
+            }
+        }
         self.records_len -= reaped;
     }
 
@@ -569,111 +809,167 @@ impl NodeLimiter {
             .clamp(min.min(cap), cap)
     }
 
-    fn scan_surface(&mut self, now: Now) {
+    fn scan_surface(&mut self, now: Now, visit: &[KeyId]) {
         let surface = Arc::clone(&self.surface);
+        for key in visit {
+            if let Some(bucket) = surface.get(key) {
+                self.scan_key(now, *key, &bucket);
+            }
+        }
+    }
+
+    /// One key's part of a round: demand from its decisions, then each plan window's
+    /// record made and installed (the current window; the next one near the boundary),
+    /// and idle credit handed back.
+    fn scan_key(&mut self, now: Now, key: KeyId, bucket: &KeyBucket) {
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
         let (idle_min, idle_cap) = (
             self.config.idle_return_rounds_min,
             self.config.idle_return_rounds,
         );
-        surface.for_each(|key, bucket| {
-            let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
-            let track = self
-                .keys
-                .entry(key)
-                .or_default()
-                .track
-                .get_or_insert_with(KeyTrack::default);
-            let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
-            track.last_attempts = attempts;
-            let shorts = bucket.shorts();
-            let short_delta =
-                |i: usize| u64::from(shorts[i].wrapping_sub(track.last_shorts[i])).min(delta);
-            let passed = delta - short_delta(PLAN_WINDOWS_MAX);
-            let samples: [u64; PLAN_WINDOWS_MAX] =
-                std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
-            track.last_shorts = shorts;
-            // Read before this round's decay, and only in the round a quiet spell begins.
-            let quiet_from_milli = (delta == 0 && track.idle_rounds == 0)
-                .then(|| track.demand_milli.iter().copied().max().unwrap_or(0));
-            let mut band_moved = [false; PLAN_WINDOWS_MAX];
-            for (slot, sample) in samples.into_iter().enumerate() {
-                // Peak-biased smoothing: rises within one round, decays over about eight,
-                // so a burst is seen at once and a pause does not strand the next
-                // window's grant. The step is at least 1 so integer decay reaches the
-                // sample: a residue that never reached 0 kept an idle node asking for
-                // (and returning) credit forever.
-                let d = track.demand_milli[slot];
-                track.last_round_milli[slot] = sample;
-                track.demand_milli[slot] = if sample >= d {
-                    d + (sample - d).div_ceil(8)
-                } else {
-                    d - (d - sample).div_ceil(8)
-                };
-                band_moved[slot] = demand_band(d) != demand_band(track.demand_milli[slot]);
+        let round = self.round;
+        let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
+        let track = self
+            .keys
+            .entry(key)
+            .or_default()
+            .track
+            .get_or_insert_with(KeyTrack::default);
+        if track.scanned_round != 0 {
+            // The rounds since the last visit had no decisions for this key (the
+            // attempts pass would have visited it), and `schedule` chose them as rounds
+            // with nothing to do but the decay.
+            for _ in track.scanned_round + 1..round {
+                track.observe(0, track.last_shorts);
             }
-            track.idle_rounds = if delta == 0 {
-                if let Some(rate_milli) = quiet_from_milli {
-                    track.quiet_from_milli = rate_milli;
-                }
-                track.idle_rounds.saturating_add(1)
-            } else {
-                0
+        }
+        track.scanned_round = round;
+        let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
+        track.last_attempts = attempts;
+        let band_moved = track.observe(delta, bucket.shorts());
+        let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
+        let idle = track.idle(band_moved, idle_min, idle_cap);
+        // Whether a window still needs ensure_record + install: absent, or its credit
+        // not yet in a word. Both are no-ops on a live or closed record, the common
+        // case, so it is read here instead of each looking the key up again.
+        let unplaced = |state: Option<&KeyState>, window| {
+            state
+                .and_then(|s| s.rec(window))
+                .is_none_or(|r| matches!(r.place, Place::Off { .. }))
+        };
+        for (slot, spec) in bucket.policy().windows().iter().enumerate() {
+            let current = window_at(key, spec.length_ms, now.wall_ms);
+            let kw = KeyWindow {
+                key,
+                window: current,
             };
-            let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
-            // Idle credit goes back every quiet round from `idle_return_after` up to the
-            // configured wait, then only each time a window's decaying demand leaves its
-            // factor-of-two band (down to 0), rounds in which its report line is due
-            // anyway (`demand_band`). The owner re-grants against the demand residue what
-            // the node hands back, and handing it back every quiet round for as long as
-            // the residue lasted made a report line and a grant per quiet key per round,
-            // most of the protocol's traffic (BENCHMARKS.md, simulator). A busy key that
-            // went quiet (its traffic moved) still hands its credit back every round until
-            // the configured wait.
-            let idle_after = Self::idle_return_after(idle_min, idle_cap, track.quiet_from_milli);
-            let idle: [bool; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| {
-                track.idle_rounds >= idle_after
-                    && (track.idle_rounds <= idle_cap || band_moved[slot])
-            });
-            // Whether a window still needs ensure_record + install: absent, or its credit
-            // not yet in a word. Both are no-ops on a live or closed record, the common
-            // case, so it is read here instead of each looking the key up again.
-            let unplaced = |state: Option<&KeyState>, window| {
-                state
-                    .and_then(|s| s.rec(window))
-                    .is_none_or(|r| matches!(r.place, Place::Off { .. }))
-            };
-            for (slot, spec) in bucket.policy().windows().iter().enumerate() {
-                let current = window_at(key, spec.length_ms, now.wall_ms);
-                let kw = KeyWindow {
-                    key,
-                    window: current,
-                };
-                let state = self.keys.get(&key);
-                let has_current = state.and_then(|s| s.rec(current)).is_some();
-                if active || has_current {
-                    if unplaced(state, current) {
-                        self.ensure_record(now, kw, slot, spec.limit);
-                        self.install(key, bucket, kw);
+            let state = self.keys.get(&key);
+            let has_current = state.and_then(|s| s.rec(current)).is_some();
+            if active || has_current {
+                if unplaced(state, current) {
+                    if !self.ensure_record(now, kw, slot, spec.limit) {
+                        // The cap refused it: try again next round, as a pass over
+                        // every key did.
+                        self.dirty.push(key);
                     }
-                    if idle[slot] && self.config.mode == Mode::Leasing {
-                        self.return_idle_credit(now, bucket, kw);
-                    }
+                    self.install(key, bucket, kw);
                 }
-                let next = KeyWindow {
-                    key,
-                    window: next_window(current),
-                };
-                let near_end =
-                    window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
-                let state = self.keys.get(&key);
-                let has_next = state.and_then(|s| s.rec(next.window)).is_some();
-                if ((near_end && active) || has_next) && unplaced(state, next.window) {
-                    self.ensure_record(now, next, slot, spec.limit);
-                    self.install(key, bucket, next);
+                if idle[slot] && self.config.mode == Mode::Leasing {
+                    self.return_idle_credit(now, bucket, kw);
                 }
             }
-        });
+            let next = KeyWindow {
+                key,
+                window: next_window(current),
+            };
+            let near_end = window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
+            let state = self.keys.get(&key);
+            let has_next = state.and_then(|s| s.rec(next.window)).is_some();
+            if ((near_end && active) || has_next) && unplaced(state, next.window) {
+                if !self.ensure_record(now, next, slot, spec.limit) {
+                    self.dirty.push(key);
+                }
+                self.install(key, bucket, next);
+            }
+        }
+    }
+
+    /// After a visit, the round in which `key` next needs one if no decision comes for
+    /// it, put on the wheel. Due is the earliest of: a record's window end (closing it,
+    /// and a new current window for a key still in demand) and its prefetch point; a
+    /// line's refresh; a closed line's next final report or its reaping; a record still
+    /// off its word; and, run forward on a copy of the demand track, the first quiet
+    /// round that hands idle credit back or moves a line's demand band (which makes it
+    /// due). Wall times become rounds at one `round_ms` a round, which is never late as
+    /// long as rounds are not: a late round visits every key (`handle_tick`). Anything
+    /// earlier than needed is harmless, since a visit is exact.
+    fn schedule(&mut self, now: Now, visit: &[KeyId]) {
+        let round = self.round;
+        let round_ms = u64::from(self.config.round_ms);
+        let prefetch_ms = u64::from(self.config.prefetch_rounds) * round_ms;
+        let refresh = u64::from(self.config.refresh_rounds);
+        let (idle_min, idle_cap) = (
+            self.config.idle_return_rounds_min,
+            self.config.idle_return_rounds,
+        );
+        let at_wall = |wall_ms: u64| {
+            round
+                + wall_ms
+                    .saturating_sub(now.wall_ms)
+                    .div_ceil(round_ms)
+                    .max(1)
+        };
+        let horizon = round + WHEEL_ROUNDS - 1;
+        for key in visit {
+            let Some(state) = self.keys.get_mut(key) else {
+                continue;
+            };
+            let mut due = u64::MAX;
+            for (window, rec) in &state.records {
+                match rec.place {
+                    Place::Closed { .. } => due = due.min(round + 1),
+                    Place::Off { .. } => {
+                        // Off its word: installed in the next round with a bucket.
+                        due = due.min(round + 1);
+                    }
+                    Place::Live => {}
+                }
+                if !matches!(rec.place, Place::Closed { .. }) {
+                    let end = window_end_ms(*key, *window);
+                    due = due
+                        .min(at_wall(end))
+                        .min(at_wall(end.saturating_sub(prefetch_ms)))
+                        .min(rec.reported_round + refresh.max(1));
+                }
+            }
+            if let Some(track) = state.track.as_ref()
+                && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
+            {
+                let limit = due.min(horizon).saturating_sub(round);
+                let bands: [u32; PLAN_WINDOWS_MAX] =
+                    std::array::from_fn(|slot| demand_band(track.demand(slot)));
+                let mut t = track.clone();
+                for j in 1..limit {
+                    let moved = t.observe(0, t.last_shorts);
+                    let idle = t.idle(moved, idle_min, idle_cap);
+                    let band_moved = (0..PLAN_WINDOWS_MAX)
+                        .any(|slot| demand_band(t.demand(slot)) != bands[slot]);
+                    if band_moved || idle.iter().any(|i| *i) {
+                        due = due.min(round + j);
+                        break;
+                    }
+                }
+            }
+            if due == u64::MAX {
+                state.due_round = 0;
+                continue;
+            }
+            let due = due.clamp(round + 1, horizon);
+            if state.due_round != due {
+                state.due_round = due;
+                self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
+            }
+        }
     }
 
     /// Create the record for a key-window this node is about to use; in fixed mode or
@@ -707,6 +1003,12 @@ impl NodeLimiter {
             return false;
         }
         self.records_len += 1;
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
         self.keys.entry(kw.key).or_default().records.push((
             kw.window,
             WindowRecord {
@@ -722,7 +1024,7 @@ impl NodeLimiter {
                     credit: self_granted,
                 },
                 last_reported: None,
-                rounds_since_report: 0,
+                reported_round: 0,
                 closed_reports_sent: 0,
                 spend_floor: 0,
             },
@@ -748,7 +1050,7 @@ impl NodeLimiter {
         let Some(state) = self.keys.get_mut(&key) else {
             return;
         };
-        let KeyState { track, records } = state;
+        let KeyState { track, records, .. } = state;
         let Some(rec) = records
             .iter()
             .find(|(w, _)| *w == kw.window)
@@ -779,6 +1081,15 @@ impl NodeLimiter {
                 old.place = Place::Closed {
                     spend: old.received() - old.returned - taken,
                 };
+                Self::note_change(
+                    &mut self.changes,
+                    &mut self.changes_overflowed,
+                    self.config.records_cap,
+                    KeyWindow {
+                        key,
+                        window: older_window,
+                    },
+                );
             }
         }
         track.installed.set(slot, p, Some(kw.window.number));
@@ -791,6 +1102,12 @@ impl NodeLimiter {
         if let Some((_, rec)) = records.iter_mut().find(|(w, _)| *w == kw.window) {
             rec.place = Place::Live;
         }
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
     }
 
     /// C4: an idle node hands its unspent credit back so the owner can give it to a node
@@ -812,6 +1129,14 @@ impl NodeLimiter {
         .unwrap_or(0);
         rec.returned += taken;
         self.stats.credit_returned += taken;
+        if taken > 0 {
+            Self::note_change(
+                &mut self.changes,
+                &mut self.changes_overflowed,
+                self.config.records_cap,
+                kw,
+            );
+        }
     }
 
     /// The record's current numbers, as a report line.
@@ -823,24 +1148,30 @@ impl NodeLimiter {
         };
         line_of(
             bucket.as_deref(),
-            state.map_or(0, |s| s.demand(rec.slot)),
+            state.map_or(0, |s| s.demand(rec.slot, self.round)),
             kw,
             rec,
         )
     }
 
-    fn write_reports(&mut self, now: Now) {
+    /// The round's report lines: every line of a visited key that changed, is due for
+    /// its refresh, or is a closed line's final report. A key not visited has none due
+    /// (`schedule`), and a line's order in its batch does not depend on the visit order.
+    fn write_reports(&mut self, now: Now, visit: &[KeyId]) {
         let shards = self.config.shards as usize;
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
         let surface = Arc::clone(&self.surface);
-        let (config, links) = (&self.config, &self.links);
-        for (key, state) in self.keys.iter_mut() {
+        let (config, links, round) = (&self.config, &self.links, self.round);
+        for key in visit {
+            let Some(state) = self.keys.get_mut(key) else {
+                continue;
+            };
             let bucket = if state.has_live() {
                 surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
@@ -861,17 +1192,15 @@ impl NodeLimiter {
                     rec.closed_reports_sent < config.closed_reports
                 } else {
                     rec.last_reported != Some(reported)
-                        || rec.rounds_since_report + 1 >= config.refresh_rounds
+                        || round - rec.reported_round >= u64::from(config.refresh_rounds)
                 };
                 if due {
                     per_shard[shard].push(line);
                     rec.last_reported = Some(reported);
-                    rec.rounds_since_report = 0;
+                    rec.reported_round = round;
                     if closed {
                         rec.closed_reports_sent += 1;
                     }
-                } else {
-                    rec.rounds_since_report += 1;
                 }
             }
         }
@@ -925,11 +1254,21 @@ impl NodeLimiter {
                 .all_words()
                 .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
             if empty {
+                // A track is as of its key's last visit; the rounds since were quiet.
+                let round = self.round;
                 let idle_rounds = self
                     .keys
                     .get(&key)
                     .and_then(|s| s.track.as_ref())
-                    .map(|t| t.idle_rounds)
+                    .map(|t| {
+                        let unseen = if t.scanned_round == 0 {
+                            0
+                        } else {
+                            round - t.scanned_round
+                        };
+                        t.idle_rounds
+                            .saturating_add(u32::try_from(unseen).unwrap_or(u32::MAX))
+                    })
                     .unwrap_or(u32::MAX);
                 candidates.push((std::cmp::Reverse(idle_rounds), key));
             }
@@ -956,10 +1295,13 @@ impl NodeLimiter {
         if evicted.is_empty() {
             return;
         }
+        // Rare (the surface near its cap): the next round visits every key rather than
+        // work out which schedules an eviction moved.
+        self.visit_all = true;
         // The words went with the bucket and held nothing; the records keep the spend,
         // and credit granted later waits off-word until the key is seen again.
         for key in &evicted {
-            for (_, rec) in self
+            for (window, rec) in self
                 .keys
                 .get_mut(key)
                 .into_iter()
@@ -967,6 +1309,15 @@ impl NodeLimiter {
             {
                 if rec.place == Place::Live {
                     rec.place = Place::Off { credit: 0 };
+                    Self::note_change(
+                        &mut self.changes,
+                        &mut self.changes_overflowed,
+                        self.config.records_cap,
+                        KeyWindow {
+                            key: *key,
+                            window: *window,
+                        },
+                    );
                 }
             }
         }
@@ -1044,6 +1395,9 @@ impl NodeLimiter {
         if let Some(bucket) = surface.get(&kw.key) {
             self.install(kw.key, &bucket, kw);
         }
+        // The record may be new (its line is due) and an install may have closed an
+        // older window: the next tick looks at the key.
+        self.dirty.push(kw.key);
         let rec = self.record(&kw).expect("ensured above");
         let entry = self.line(&kw, rec);
         let request_id = self.next_request_id;
@@ -1159,7 +1513,8 @@ impl NodeLimiter {
             return false;
         }
         let kw = entry.key_window;
-        if !self.has_record(&kw) {
+        let fresh = !self.has_record(&kw);
+        if fresh {
             // A grant can arrive before a tick saw the key (the fast path on a new key, or a
             // pre-grant for the next window); it needs the key's bucket to know the slot.
             let slot = self.surface.get(&kw.key).and_then(|b| {
@@ -1197,6 +1552,12 @@ impl NodeLimiter {
             self.stats.grants_invalid += 1;
             return false;
         }
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
         rec.owner_epoch = owner_epoch;
         rec.grant_seq = entry.grant_seq;
         rec.exhausted = entry.exhausted;
@@ -1227,6 +1588,12 @@ impl NodeLimiter {
         let surface = Arc::clone(&self.surface);
         if off && let Some(bucket) = surface.get(&kw.key) {
             self.install(kw.key, &bucket, kw);
+        }
+        if fresh || off {
+            // A new line is due, and an install may have closed an older window: the
+            // next tick looks at the key. A grant to a record in place changes nothing
+            // a round would act on (it is not a reason to report, see `Reported`).
+            self.dirty.push(kw.key);
         }
         true
     }
@@ -1263,6 +1630,9 @@ impl NodeLimiter {
         if changed.is_empty() {
             return 0;
         }
+        // Rare: the next round visits every key rather than work out whose schedule
+        // the switch moved.
+        self.visit_all = true;
         let switching: DetMap<KeyId, KeyPolicy> = changed.iter().copied().collect();
         // Every record of a switching key, with the slot its window length has in the
         // new plan (None: the new plan has no window of that length).
@@ -1315,10 +1685,16 @@ impl NodeLimiter {
                 continue;
             }
             switched += 1;
-            let KeyState { track, records } = self.keys.entry(key).or_default();
+            let KeyState { track, records, .. } = self.keys.entry(key).or_default();
             let track = track.get_or_insert_with(KeyTrack::default);
             track.installed = Installed::default();
             for (i, (kw, _, new_slot)) in list.iter().enumerate() {
+                Self::note_change(
+                    &mut self.changes,
+                    &mut self.changes_overflowed,
+                    self.config.records_cap,
+                    *kw,
+                );
                 let rec = records
                     .iter_mut()
                     .find(|(w, _)| *w == kw.window)
@@ -1362,6 +1738,23 @@ impl NodeLimiter {
         self.outbox.pop_front()
     }
 
+    /// From now on, remember every key-window whose book changes (a record made,
+    /// granted, installed, returned, closed or reaped), for a caller that checks each
+    /// step's changes instead of every record (the simulator). Bounded by `records_cap`;
+    /// past it `take_changes` says the caller must look at everything.
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves the key-windows changed since the last call into `out` (possibly repeated).
+    /// Returns false if more changed than the bound holds: then look at every record.
+    pub fn take_changes(&mut self, out: &mut Vec<KeyWindow>) -> bool {
+        if let Some(c) = self.changes.as_mut() {
+            out.append(c);
+        }
+        !std::mem::take(&mut self.changes_overflowed)
+    }
+
     /// This epoch's line for a key-window, as it would be reported now (tests and the
     /// simulator use it to check fleet-wide truth).
     pub fn line_for(&self, kw: &KeyWindow) -> Option<ReportEntry> {
@@ -1381,13 +1774,14 @@ impl NodeLimiter {
     /// Every record's line, as `line_for` gives it, in one pass: a key's bucket is read
     /// once for all its windows (the simulator checks fleet truth every round with it).
     pub fn for_each_line(&self, mut f: impl FnMut(&ReportEntry)) {
+        let round = self.round;
         for (key, state) in &self.keys {
             let bucket = if state.has_live() {
                 self.surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in &state.records {
                 let kw = KeyWindow {
                     key: *key,
@@ -1410,13 +1804,14 @@ impl NodeLimiter {
         // moved, so it leaves them all where they were, as checking whole first would.
         let mut moved = Vec::with_capacity(self.records_len);
         let mut failure = None;
+        let round = self.round;
         'keys: for (key, state) in self.keys.iter_mut() {
             let bucket = if state.has_live() {
                 self.surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
@@ -1465,7 +1860,12 @@ impl NodeLimiter {
                 };
                 floors.push((
                     *kw,
-                    check_record(bucket.as_deref(), state.demand(rec.slot), kw, rec)?,
+                    check_record(
+                        bucket.as_deref(),
+                        state.demand(rec.slot, self.round),
+                        kw,
+                        rec,
+                    )?,
                 ));
             }
         }
