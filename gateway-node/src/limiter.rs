@@ -157,6 +157,11 @@ pub struct NodeStats {
     pub records_refused: u64,
     /// P1: buckets moved to a new policy version.
     pub policy_switched: u64,
+    /// Keys visited by rounds (see `handle_tick`): the reconciler's work, which a pass
+    /// over every key would make `rounds` x keys.
+    pub keys_visited: u64,
+    /// Of those, keys visited for new decisions.
+    pub keys_visited_for_decisions: u64,
 }
 
 /// Where a record's credit is.
@@ -203,6 +208,9 @@ struct WindowRecord {
     closed_reports_sent: u32,
     /// Spend as of the last invariant check, to prove it never goes backwards.
     spend_floor: u64,
+    /// (spend + held, self-granted) as `take_changes` last handed it out: what this line
+    /// adds to a fleet-wide sum a checker keeps.
+    counted: Option<(u64, u64)>,
 }
 
 impl WindowRecord {
@@ -444,7 +452,19 @@ pub struct NodeLimiter {
     /// Key-windows whose books changed since the caller last took them
     /// (`track_changes`); `None` when nobody asked.
     changes: Option<Vec<KeyWindow>>,
+    /// Lines reaped since the caller last took changes, with what they last counted.
+    reaped: Option<Vec<LineChange>>,
     changes_overflowed: bool,
+}
+
+/// One line's part of a fleet-wide sum, as `take_changes` last handed it out and now:
+/// (spend + held, self-granted); `None` for no line (not yet counted, or reaped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineChange {
+    pub key_window: KeyWindow,
+    pub allowance: u64,
+    pub before: Option<(u64, u64)>,
+    pub after: Option<(u64, u64)>,
 }
 
 /// Rounds the visit wheel spans: more than any due distance `schedule` sets.
@@ -510,6 +530,7 @@ impl NodeLimiter {
             visit_all: true,
             last_tick_wall_ms: now.wall_ms,
             changes: None,
+            reaped: None,
             changes_overflowed: false,
         };
         limiter.publish_health(now);
@@ -618,6 +639,7 @@ impl NodeLimiter {
             || late
             || self.links.iter().any(|l| l.full_report_due);
         let visit = self.keys_to_visit(all);
+        self.stats.keys_visited += visit.len() as u64;
         self.close_ended_windows(now, &visit);
         self.scan_surface(now, &visit);
         self.write_reports(now, &visit);
@@ -659,15 +681,19 @@ impl NodeLimiter {
             i += 1;
         });
         seen.truncate(i);
+        // Stamps a known key so it is taken once; says whether the key was unknown.
         let take = |keys: &mut DetMap<KeyId, KeyState>, key: KeyId, visit: &mut Vec<KeyId>| {
             if let Some(state) = keys.get_mut(&key) {
-                if state.visit_round == round {
-                    return;
+                if state.visit_round != round {
+                    state.visit_round = round;
+                    visit.push(key);
                 }
-                state.visit_round = round;
+                return false;
             }
             visit.push(key);
+            true
         };
+        self.stats.keys_visited_for_decisions += moved.len() as u64;
         for digest in moved {
             let probe = KeyId { version: 0, digest };
             if let Some(key) = self.surface.get(&probe).map(|b| b.key()) {
@@ -680,8 +706,11 @@ impl NodeLimiter {
                 take(&mut self.keys, key, &mut visit);
             }
         }
+        // Unknown keys come once each from the pass over the buckets; a second source of
+        // them (a dirty key since removed, or `all`) needs the list deduplicated.
+        let mut unknown_twice = false;
         for key in std::mem::take(&mut self.dirty) {
-            take(&mut self.keys, key, &mut visit);
+            unknown_twice |= take(&mut self.keys, key, &mut visit);
         }
         if all {
             let known: Vec<KeyId> = self.keys.keys().copied().collect();
@@ -694,10 +723,10 @@ impl NodeLimiter {
                 take(&mut self.keys, key, &mut visit);
             }
         }
-        // A key the surface has and the reconciler does not may come from two sources
-        // (the pass and `all`); a known one is stamped above.
-        visit.sort_unstable();
-        visit.dedup();
+        if all || unknown_twice {
+            visit.sort_unstable();
+            visit.dedup();
+        }
         visit
     }
 
@@ -728,6 +757,7 @@ impl NodeLimiter {
             keys,
             changes,
             changes_overflowed,
+            reaped: reaped_log,
             ..
         } = self;
         for key in visit {
@@ -747,7 +777,18 @@ impl NodeLimiter {
                     Place::Closed { .. } => {
                         if rec.closed_reports_sent >= closed_reports {
                             reaped += 1;
-                            Self::note_change(changes, changes_overflowed, cap, kw);
+                            if let (Some(log), Some(counted)) = (reaped_log.as_mut(), rec.counted) {
+                                if log.len() < cap {
+                                    log.push(LineChange {
+                                        key_window: kw,
+                                        allowance: rec.allowance,
+                                        before: Some(counted),
+                                        after: None,
+                                    });
+                                } else {
+                                    *changes_overflowed = true;
+                                }
+                            }
                             return false;
                         }
                     }
@@ -1027,6 +1068,7 @@ impl NodeLimiter {
                 reported_round: 0,
                 closed_reports_sent: 0,
                 spend_floor: 0,
+                counted: None,
             },
         ));
         true
@@ -1740,19 +1782,74 @@ impl NodeLimiter {
 
     /// From now on, remember every key-window whose book changes (a record made,
     /// granted, installed, returned, closed or reaped), for a caller that checks each
-    /// step's changes instead of every record (the simulator). Bounded by `records_cap`;
-    /// past it `take_changes` says the caller must look at everything.
+    /// step's changes instead of every record (the simulator). Bounded by `records_cap`.
     pub fn track_changes(&mut self) {
         self.changes.get_or_insert_with(Vec::new);
+        self.reaped.get_or_insert_with(Vec::new);
     }
 
-    /// Moves the key-windows changed since the last call into `out` (possibly repeated).
-    /// Returns false if more changed than the bound holds: then look at every record.
-    pub fn take_changes(&mut self, out: &mut Vec<KeyWindow>) -> bool {
-        if let Some(c) = self.changes.as_mut() {
-            out.append(c);
+    /// The node-side invariants for every key-window changed since the last call, and
+    /// each changed line's part of a fleet-wide sum, before and now, into `out` (a
+    /// reaped line first, then at most one per line). A record no change touched keeps its part: only decisions
+    /// touched it, and a decision moves a unit from held to spend. `Ok(false)`: more
+    /// changed than the bound holds, and `out` is not complete.
+    pub fn take_changes(&mut self, out: &mut Vec<LineChange>) -> Result<bool, NodeInvariantError> {
+        let complete = !std::mem::take(&mut self.changes_overflowed);
+        let mut kws = self
+            .changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if let Some(reaped) = self.reaped.as_mut() {
+            out.append(reaped);
         }
-        !std::mem::take(&mut self.changes_overflowed)
+        kws.sort_unstable();
+        kws.dedup();
+        let round = self.round;
+        let mut result = Ok(complete);
+        for kw in &kws {
+            let Some(state) = self.keys.get_mut(&kw.key) else {
+                continue;
+            };
+            let demands = state.demands(round);
+            let has_bucket_need = state.rec(kw.window).is_some_and(|r| r.place == Place::Live);
+            let bucket = if has_bucket_need {
+                self.surface.get(&kw.key)
+            } else {
+                None
+            };
+            let Some(rec) = state.rec_mut(kw.window) else {
+                continue;
+            };
+            match check_record(bucket.as_deref(), demands[usize::from(rec.slot)], kw, rec) {
+                Ok(spend) => rec.spend_floor = spend,
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                    continue;
+                }
+            }
+            let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], kw, rec);
+            let now = Some((line.cumulative_spend + line.held_credit, line.self_granted));
+            if rec.counted != now {
+                out.push(LineChange {
+                    key_window: *kw,
+                    allowance: rec.allowance,
+                    before: rec.counted,
+                    after: now,
+                });
+                rec.counted = now;
+            }
+        }
+        if let Some(c) = self.changes.as_mut()
+            && c.capacity() < kws.capacity()
+        {
+            // Hand the larger buffer back: the log is refilled every step.
+            kws.clear();
+            *c = kws;
+        }
+        result
     }
 
     /// This epoch's line for a key-window, as it would be reported now (tests and the
