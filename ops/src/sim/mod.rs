@@ -941,23 +941,28 @@ impl Sim {
             Ok(false) => found.push(format!("node {i}: more changes than its log holds")),
             Err(e) => found.push(format!("node {i}: {e}")),
         }
+        // A reaped line's removal comes before any new line for its key-window, so a
+        // sum checked as each change lands never exceeds the step's final one.
+        let mut breached = Vec::new();
         for c in &changed {
-            truth_move(
+            if truth_move(
                 &mut self.truth,
                 c.key_window,
                 c.allowance,
                 c.before,
                 c.after,
-            );
-        }
-        changed.sort_unstable_by_key(|c| c.key_window);
-        changed.dedup_by_key(|c| c.key_window);
-        for c in &changed {
-            if let Some(b) = truth_breach(&self.truth, &c.key_window) {
-                found.push(b);
+            ) {
+                breached.push(c.key_window);
             }
         }
         self.changed = changed;
+        breached.sort_unstable();
+        breached.dedup();
+        found.extend(
+            breached
+                .iter()
+                .filter_map(|kw| truth_breach(&self.truth, kw)),
+        );
         for f in found {
             self.violation(t_ms, f);
         }
@@ -1297,16 +1302,6 @@ impl Sim {
         for node in &self.nodes {
             if let Some(l) = &node.limiter {
                 self.counts.self_grants += l.stats().self_grants;
-                if std::env::var_os("FG_STATS").is_some() {
-                    eprintln!(
-                        "rounds {} visited {} for decisions {} records_sent {} surface {}",
-                        l.stats().rounds,
-                        l.stats().keys_visited,
-                        l.stats().keys_visited_for_decisions,
-                        l.stats().report_entries_sent,
-                        l.surface().len()
-                    );
-                }
             }
         }
         for o in &self.owners {
@@ -1416,16 +1411,17 @@ pub fn write_admissions_csv(
 }
 
 /// Moves one node line's part of a key-window's truth from `before` to `now` (used,
-/// self-granted); an entry no line holds any more is dropped.
+/// self-granted); an entry no line holds any more is dropped. Returns whether the
+/// key-window's truth is now breached (one lookup for the move and the check).
 fn truth_move(
     truth: &mut DetMap<KeyWindow, Truth>,
     kw: KeyWindow,
     allowance: u64,
     before: Option<(u64, u64)>,
     now: Option<(u64, u64)>,
-) {
+) -> bool {
     if before == now {
-        return;
+        return false;
     }
     let t = truth.entry(kw).or_default();
     if let Some((used, self_granted)) = before {
@@ -1447,7 +1443,10 @@ fn truth_move(
     }
     if t.live_lines == 0 && t.dead_lines == 0 {
         truth.remove(&kw);
+        return false;
     }
+    t.sums()
+        .is_some_and(|(used, self_granted)| used > t.allowance.saturating_add(self_granted))
 }
 
 /// A breach of fleet truth at `kw`, as a violation's text.
