@@ -193,6 +193,10 @@ struct Reported {
 #[derive(Clone, Debug)]
 struct WindowRecord {
     slot: u8,
+    /// `kw.shard(shards)` and `window_end_ms(kw)`, fixed for the record's life: a round's
+    /// passes read them for every line they visit, and each costs a divide.
+    shard: u32,
+    end_ms: u64,
     allowance: u64,
     applied_grant: u64,
     self_granted: u64,
@@ -765,8 +769,9 @@ impl NodeLimiter {
                 continue;
             };
             let KeyState { track, records, .. } = state;
+            let ended = records.iter().any(|(_, r)| r.end_ms <= now.wall_ms);
             records.retain_mut(|(window, rec)| {
-                if window_end_ms(*key, *window) > now.wall_ms {
+                if !ended || rec.end_ms > now.wall_ms {
                     return true;
                 }
                 let kw = KeyWindow {
@@ -966,7 +971,7 @@ impl NodeLimiter {
                 continue;
             };
             let mut due = u64::MAX;
-            for (window, rec) in &state.records {
+            for (_, rec) in &state.records {
                 match rec.place {
                     Place::Closed { .. } => due = due.min(round + 1),
                     Place::Off { .. } => {
@@ -976,7 +981,7 @@ impl NodeLimiter {
                     Place::Live => {}
                 }
                 if !matches!(rec.place, Place::Closed { .. }) {
-                    let end = window_end_ms(*key, *window);
+                    let end = rec.end_ms;
                     due = due
                         .min(at_wall(end))
                         .min(at_wall(end.saturating_sub(prefetch_ms)))
@@ -1054,6 +1059,8 @@ impl NodeLimiter {
             kw.window,
             WindowRecord {
                 slot: slot as u8,
+                shard: kw.shard(self.config.shards).0,
+                end_ms: window_end_ms(kw.key, kw.window),
                 allowance,
                 applied_grant: 0,
                 self_granted,
@@ -1227,7 +1234,7 @@ impl NodeLimiter {
                     self_granted: line.self_granted,
                 };
                 let closed = matches!(rec.place, Place::Closed { .. });
-                let shard = kw.shard(config.shards).0 as usize;
+                let shard = rec.shard as usize;
                 let due = if links[shard].full_report_due {
                     true
                 } else if closed {
