@@ -1812,13 +1812,13 @@ impl NodeLimiter {
         }
         kws.sort_unstable();
         kws.dedup();
-        let round = self.round;
         let mut result = Ok(complete);
         for kw in &kws {
             let Some(state) = self.keys.get_mut(&kw.key) else {
                 continue;
             };
-            let demands = state.demands(round);
+            // Neither the checks nor the sums read demand: skip catching the track up.
+            let demand = 0;
             let has_bucket_need = state.rec(kw.window).is_some_and(|r| r.place == Place::Live);
             let bucket = if has_bucket_need {
                 self.surface.get(&kw.key)
@@ -1828,7 +1828,7 @@ impl NodeLimiter {
             let Some(rec) = state.rec_mut(kw.window) else {
                 continue;
             };
-            match check_record(bucket.as_deref(), demands[usize::from(rec.slot)], kw, rec) {
+            match check_record(bucket.as_deref(), demand, kw, rec) {
                 Ok(spend) => rec.spend_floor = spend,
                 Err(e) => {
                     if result.is_ok() {
@@ -1837,7 +1837,7 @@ impl NodeLimiter {
                     continue;
                 }
             }
-            let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], kw, rec);
+            let line = line_of(bucket.as_deref(), demand, kw, rec);
             let now = Some((line.cumulative_spend + line.held_credit, line.self_granted));
             if rec.counted != now {
                 out.push(LineChange {
