@@ -14,8 +14,8 @@
 //! check costs what the step changed, not a walk of every node's books. That is a
 //! complete check: a key-window no step changed has the same sum as before. Requests
 //! between events only move a unit from a node's held credit to its spend, which leaves
-//! the sum alone (the node book, checked on every change, keeps spend + held = received
-//! - returned), and the atomic words themselves stay non-negative. Every
+//! the sum alone (the node book, checked on every change, keeps spend + held equal to
+//! received less returned), and the atomic words themselves stay non-negative. Every
 //! `full_check_rounds` rounds every node and owner is checked whole, and the kept sums
 //! are cross-checked against a walk of every node's books.
 
