@@ -625,8 +625,8 @@ impl NodeLimiter {
     /// reports). A key in none of these would have had every step of the round a no-op
     /// but its demand's decay, which its next visit takes in (`KeyTrack::observe`); so
     /// the round does what a pass over every key and bucket did, at the cost of the keys
-    /// that move. A round whose wall time ran more than one round ahead (a late round)
-    /// visits every key, since `schedule` counts time in rounds.
+    /// that move. A round whose wall time ran more than `round_step_ms` ahead of the last
+    /// (a late round) visits every key, since `schedule` counts time in rounds.
     pub fn handle_tick(&mut self, now: Now) {
         self.round += 1;
         self.stats.rounds += 1;
@@ -636,8 +636,7 @@ impl NodeLimiter {
             now.wall_ms + u64::from(self.config.round_ms),
         );
         self.publish_health(now);
-        let late =
-            now.wall_ms.saturating_sub(self.last_tick_wall_ms) > u64::from(self.config.round_ms);
+        let late = now.wall_ms.saturating_sub(self.last_tick_wall_ms) > self.round_step_ms();
         self.last_tick_wall_ms = now.wall_ms;
         let all = std::mem::take(&mut self.visit_all)
             || late
@@ -839,6 +838,14 @@ impl NodeLimiter {
         self.records_len -= reaped;
     }
 
+    /// The most wall time one round may advance without making it late (see
+    /// `handle_tick`): a quarter round over, since a timer-driven round task is often a
+    /// millisecond or so late, and counting that as late would visit every key each round.
+    fn round_step_ms(&self) -> u64 {
+        let round_ms = u64::from(self.config.round_ms);
+        round_ms + round_ms / 4
+    }
+
     /// C4: quiet rounds after which a key's credit is idle. A node that saw `rate_milli`
     /// thousandths of a request a round sees a quiet spell of n rounds by chance with
     /// probability about e^(-rate n); past e^(-6) (0.25%) the traffic has most likely moved
@@ -946,9 +953,9 @@ impl NodeLimiter {
     /// line's refresh; a closed line's next final report or its reaping; a record still
     /// off its word; and, run forward on a copy of the demand track, the first quiet
     /// round that hands idle credit back or moves a line's demand band (which makes it
-    /// due). Wall times become rounds at one `round_ms` a round, which is never late as
-    /// long as rounds are not: a late round visits every key (`handle_tick`). Anything
-    /// earlier than needed is harmless, since a visit is exact.
+    /// due). Wall times become rounds at `round_step_ms` a round, which is never late as
+    /// long as no round advances the clock by more: such a round visits every key
+    /// (`handle_tick`). Anything earlier than needed is harmless, since a visit is exact.
     fn schedule(&mut self, now: Now, visit: &[KeyId]) {
         let round = self.round;
         let round_ms = u64::from(self.config.round_ms);
@@ -958,13 +965,9 @@ impl NodeLimiter {
             self.config.idle_return_rounds_min,
             self.config.idle_return_rounds,
         );
-        let at_wall = |wall_ms: u64| {
-            round
-                + wall_ms
-                    .saturating_sub(now.wall_ms)
-                    .div_ceil(round_ms)
-                    .max(1)
-        };
+        let step_ms = self.round_step_ms();
+        let at_wall =
+            |wall_ms: u64| round + wall_ms.saturating_sub(now.wall_ms).div_ceil(step_ms).max(1);
         let horizon = round + WHEEL_ROUNDS - 1;
         for key in visit {
             let Some(state) = self.keys.get_mut(key) else {
