@@ -36,7 +36,7 @@ pub mod surface;
 pub mod window;
 
 pub use limiter::{
-    LinkHealth, Mode, NodeConfig, NodeInvariantError, NodeLimiter, NodeStats, Transmit,
+    LineChange, LinkHealth, Mode, NodeConfig, NodeInvariantError, NodeLimiter, NodeStats, Transmit,
 };
 pub use policy::{KeyPolicy, PolicyError, PolicyIndex};
 pub use retry::RetryAfter;

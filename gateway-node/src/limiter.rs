@@ -157,6 +157,11 @@ pub struct NodeStats {
     pub records_refused: u64,
     /// P1: buckets moved to a new policy version.
     pub policy_switched: u64,
+    /// Keys visited by rounds (see `handle_tick`): the reconciler's work, which a pass
+    /// over every key would make `rounds` x keys.
+    pub keys_visited: u64,
+    /// Of those, keys visited for new decisions.
+    pub keys_visited_for_decisions: u64,
 }
 
 /// Where a record's credit is.
@@ -188,6 +193,10 @@ struct Reported {
 #[derive(Clone, Debug)]
 struct WindowRecord {
     slot: u8,
+    /// `kw.shard(shards)` and `window_end_ms(kw)`, fixed for the record's life: a round's
+    /// passes read them for every line they visit, and each costs a divide.
+    shard: u32,
+    end_ms: u64,
     allowance: u64,
     applied_grant: u64,
     self_granted: u64,
@@ -197,10 +206,15 @@ struct WindowRecord {
     exhausted: bool,
     place: Place,
     last_reported: Option<Reported>,
-    rounds_since_report: u32,
+    /// The round of the last report of this line: it is due again `refresh_rounds` later
+    /// (a stamp rather than a count, so a round need not visit a line it does not send).
+    reported_round: u64,
     closed_reports_sent: u32,
     /// Spend as of the last invariant check, to prove it never goes backwards.
     spend_floor: u64,
+    /// (spend + held, self-granted) as `take_changes` last handed it out: what this line
+    /// adds to a fleet-wide sum a checker keeps.
+    counted: Option<(u64, u64)>,
 }
 
 impl WindowRecord {
@@ -233,6 +247,10 @@ struct KeyTrack {
     peak_round: u64,
     /// Which window number each credit word holds (slot, parity).
     installed: Installed,
+    /// The last round whose decisions this track took in (0: none yet). Rounds a key
+    /// is not visited in had no decisions for it, and are taken in as quiet rounds when
+    /// it next is (`KeyTrack::observe`).
+    scanned_round: u64,
 }
 
 /// Per plan slot and parity, the window number a credit word holds, if any. `u64::MAX`
@@ -273,6 +291,81 @@ impl KeyTrack {
         let halvings = round.saturating_sub(self.peak_round) / PEAK_HALF_LIFE_ROUNDS;
         self.peak_milli >> halvings.min(63)
     }
+
+    /// Round `round` of the demand track: `delta` decisions since the last round,
+    /// `shorts` the bucket's short counters now. Returns, per plan window, whether its
+    /// smoothed demand left its factor-of-two band. A round with no decisions is
+    /// `observe(round, 0, self.last_shorts)`, which is how the rounds a key was not
+    /// visited in are taken in.
+    fn observe(
+        &mut self,
+        round: u64,
+        delta: u64,
+        shorts: [u32; PLAN_WINDOWS_MAX + 1],
+    ) -> [bool; PLAN_WINDOWS_MAX] {
+        let short_delta =
+            |i: usize| u64::from(shorts[i].wrapping_sub(self.last_shorts[i])).min(delta);
+        let passed = delta - short_delta(PLAN_WINDOWS_MAX);
+        let samples: [u64; PLAN_WINDOWS_MAX] =
+            std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
+        self.last_shorts = shorts;
+        // Read before this round's decay, and only in the round a quiet spell begins.
+        let quiet_from_milli = (delta == 0 && self.idle_rounds == 0)
+            .then(|| self.demand_milli.iter().copied().max().unwrap_or(0));
+        let mut band_moved = [false; PLAN_WINDOWS_MAX];
+        for (slot, sample) in samples.into_iter().enumerate() {
+            // Peak-biased smoothing: rises within one round, decays over about eight,
+            // so a burst is seen at once and a pause does not strand the next
+            // window's grant. The step is at least 1 so integer decay reaches the
+            // sample: a residue that never reached 0 kept an idle node asking for
+            // (and returning) credit forever.
+            let d = self.demand_milli[slot];
+            self.last_round_milli[slot] = sample;
+            self.demand_milli[slot] = if sample >= d {
+                d + (sample - d).div_ceil(8)
+            } else {
+                d - (d - sample).div_ceil(8)
+            };
+            band_moved[slot] = demand_band(d) != demand_band(self.demand_milli[slot]);
+            if sample > 0 || self.wanted_round[slot] == 0 {
+                self.wanted_round[slot] = round;
+            }
+        }
+        let smoothed = self.demand_milli.iter().copied().max().unwrap_or(0);
+        if smoothed >= self.peak(round) {
+            self.peak_milli = smoothed;
+            self.peak_round = round;
+        }
+        self.idle_rounds = if delta == 0 {
+            if let Some(rate_milli) = quiet_from_milli {
+                self.quiet_from_milli = rate_milli;
+            }
+            self.idle_rounds.saturating_add(1)
+        } else {
+            0
+        };
+        band_moved
+    }
+
+    /// Idle credit goes back every quiet round from `idle_return_after` up to the
+    /// configured wait, then only each time a window's decaying demand leaves its
+    /// factor-of-two band (down to 0), rounds in which its report line is due anyway
+    /// (`demand_band`). The owner re-grants against the demand residue what the node
+    /// hands back, and handing it back every quiet round for as long as the residue
+    /// lasted made a report line and a grant per quiet key per round, most of the
+    /// protocol's traffic (BENCHMARKS.md, simulator). A busy key that went quiet (its
+    /// traffic moved) still hands its credit back every round until the configured wait.
+    fn idle(
+        &self,
+        band_moved: [bool; PLAN_WINDOWS_MAX],
+        idle_min: u32,
+        idle_cap: u32,
+    ) -> [bool; PLAN_WINDOWS_MAX] {
+        let idle_after = NodeLimiter::idle_return_after(idle_min, idle_cap, self.quiet_from_milli);
+        std::array::from_fn(|slot| {
+            self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || band_moved[slot])
+        })
+    }
 }
 
 /// Everything the reconciler keeps for one key: its demand track and the book of each of
@@ -290,6 +383,11 @@ struct KeyState {
     /// boundary a prefetched or a closed window spills to the heap for a few rounds,
     /// and `close_ended_windows` moves them back inline.
     records: smallvec::SmallVec<[(WindowId, WindowRecord); 2]>,
+    /// The last round that visited this key (a key is visited once a round at most).
+    visit_round: u64,
+    /// The round this key is next due a visit in with no new decisions (0: none; see
+    /// `NodeLimiter::schedule`).
+    due_round: u64,
 }
 
 impl KeyState {
@@ -311,16 +409,33 @@ impl KeyState {
         self.records.iter().any(|(_, r)| r.place == Place::Live)
     }
 
-    /// Demand for plan window `slot` (see `KeyTrack::demand_milli`).
-    fn demand(&self, slot: u8) -> u64 {
-        self.track
-            .as_ref()
-            .map_or(0, |t| t.demand(usize::from(slot)))
+    /// Demand for plan window `slot` (see `KeyTrack::demand_milli`) as of `round`.
+    fn demand(&self, slot: u8, round: u64) -> u64 {
+        self.demands(round)[usize::from(slot)]
     }
 
-    /// Every plan window's demand at once, for loops that hold the records mutably.
-    fn demands(&self) -> [u64; PLAN_WINDOWS_MAX] {
-        std::array::from_fn(|slot| self.demand(slot as u8))
+    /// Every plan window's demand at once as of `round`, for loops that hold the records
+    /// mutably. A track not visited since an earlier round is read with those quiet
+    /// rounds taken in, on a copy: the line is what a visit every round would show.
+    fn demands(&self, round: u64) -> [u64; PLAN_WINDOWS_MAX] {
+        self.track_at(round).map_or([0; PLAN_WINDOWS_MAX], |t| {
+            std::array::from_fn(|slot| t.demand(slot))
+        })
+    }
+
+    /// The demand track as a visit in every round up to `round` would have left it: the
+    /// track itself when it is up to date, else a copy with the quiet rounds since its
+    /// last visit taken in.
+    fn track_at(&self, round: u64) -> Option<std::borrow::Cow<'_, KeyTrack>> {
+        let track = self.track.as_ref()?;
+        if track.scanned_round == 0 || track.scanned_round >= round {
+            return Some(std::borrow::Cow::Borrowed(track));
+        }
+        let mut t = track.clone();
+        for r in track.scanned_round + 1..=round {
+            t.observe(r, 0, t.last_shorts);
+        }
+        Some(std::borrow::Cow::Owned(t))
     }
 }
 
@@ -361,7 +476,40 @@ pub struct NodeLimiter {
     stats: NodeStats,
     /// P1: the policy version this node's buckets follow.
     policy_version: u64,
+    /// Keys due a visit with no new decisions, by due round mod `WHEEL_ROUNDS`. An entry
+    /// is live while its key's `due_round` still names that round; a key is due within
+    /// `refresh_rounds` at most, so one turn of the wheel covers every live entry.
+    wheel: Vec<Vec<KeyId>>,
+    /// Keys whose records changed outside a tick (a grant or a fast path made one), to
+    /// visit at the next tick.
+    dirty: Vec<KeyId>,
+    /// Each bucket's (digest, attempts) as the last round's pass saw them, in the
+    /// surface's iteration order, so the pass compares in order instead of looking up.
+    attempts_seen: Vec<(u128, u16)>,
+    /// The next tick visits every key: the first, one after a late round, a policy
+    /// switch or an eviction.
+    visit_all: bool,
+    last_tick_wall_ms: u64,
+    /// Key-windows whose books changed since the caller last took them
+    /// (`track_changes`); `None` when nobody asked.
+    changes: Option<Vec<KeyWindow>>,
+    /// Lines reaped since the caller last took changes, with what they last counted.
+    reaped: Option<Vec<LineChange>>,
+    changes_overflowed: bool,
 }
+
+/// One line's part of a fleet-wide sum, as `take_changes` last handed it out and now:
+/// (spend + held, self-granted); `None` for no line (not yet counted, or reaped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineChange {
+    pub key_window: KeyWindow,
+    pub allowance: u64,
+    pub before: Option<(u64, u64)>,
+    pub after: Option<(u64, u64)>,
+}
+
+/// Rounds the visit wheel spans: more than any due distance `schedule` sets.
+const WHEEL_ROUNDS: u64 = 32;
 
 /// Smoothed demand moves every round as it decays, and a line re-sent only for that made
 /// almost every line of a quiet key due every round (C4 sizes a grant as h x demand, with h
@@ -417,6 +565,14 @@ impl NodeLimiter {
             outbox: VecDeque::new(),
             stats: NodeStats::default(),
             policy_version: 0,
+            wheel: vec![Vec::new(); WHEEL_ROUNDS as usize],
+            dirty: Vec::new(),
+            attempts_seen: Vec::new(),
+            visit_all: true,
+            last_tick_wall_ms: now.wall_ms,
+            changes: None,
+            reaped: None,
+            changes_overflowed: false,
         };
         limiter.publish_health(now);
         limiter
@@ -498,6 +654,16 @@ impl NodeLimiter {
     }
 
     /// One reconciliation round (T = `round_ms`, C1).
+    ///
+    /// A round visits only the keys that can need it: those with decisions since the
+    /// last round (their attempt counters moved), those whose records changed outside a
+    /// tick, and those due by time (`schedule`: a window ending or about to, a line due
+    /// for its refresh or for a demand band, an idle-return round, a closed line's last
+    /// reports). A key in none of these would have had every step of the round a no-op
+    /// but its demand's decay, which its next visit takes in (`KeyTrack::observe`); so
+    /// the round does what a pass over every key and bucket did, at the cost of the keys
+    /// that move. A round whose wall time ran more than `round_step_ms` ahead of the last
+    /// (a late round) visits every key, since `schedule` counts time in rounds.
     pub fn handle_tick(&mut self, now: Now) {
         self.round += 1;
         self.stats.rounds += 1;
@@ -507,31 +673,163 @@ impl NodeLimiter {
             now.wall_ms + u64::from(self.config.round_ms),
         );
         self.publish_health(now);
-        self.close_ended_windows(now);
-        self.scan_surface(now);
-        self.write_reports(now);
+        let late = now.wall_ms.saturating_sub(self.last_tick_wall_ms) > self.round_step_ms();
+        self.last_tick_wall_ms = now.wall_ms;
+        let all = std::mem::take(&mut self.visit_all)
+            || late
+            || self.links.iter().any(|l| l.full_report_due);
+        let visit = self.keys_to_visit(all);
+        self.stats.keys_visited += visit.len() as u64;
+        self.close_ended_windows(now, &visit);
+        self.scan_surface(now, &visit);
+        self.write_reports(now, &visit);
+        self.schedule(now, &visit);
         self.evict_if_over_cap();
         let expiry_ms = 4 * u64::from(self.config.round_ms);
         self.pending
             .retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
     }
 
-    /// Close every window that has ended, fixing its spend; reap closed records once their
-    /// final reports are out (the node-side mirror of C7).
-    fn close_ended_windows(&mut self, now: Now) {
+    /// This round's keys (see `handle_tick`), each once: with `all`, every key the
+    /// reconciler or the surface knows.
+    fn keys_to_visit(&mut self, all: bool) -> Vec<KeyId> {
+        let round = self.round;
+        let mut visit = Vec::new();
+        // Decisions since the last round. A bucket the pass has not seen at this place
+        // in the order (new, or moved by the map's growth) is visited too: a visit is
+        // always exact, only skipping one needs a reason.
+        let mut moved: Vec<u128> = Vec::new();
+        let mut i = 0;
+        let seen = &mut self.attempts_seen;
+        self.surface.for_each_attempts(|digest, attempts| {
+            match seen.get_mut(i) {
+                Some(e) if e.0 == digest => {
+                    if e.1 != attempts {
+                        e.1 = attempts;
+                        moved.push(digest);
+                    }
+                }
+                Some(e) => {
+                    *e = (digest, attempts);
+                    moved.push(digest);
+                }
+                None => {
+                    seen.push((digest, attempts));
+                    moved.push(digest);
+                }
+            }
+            i += 1;
+        });
+        seen.truncate(i);
+        // Stamps a known key so it is taken once; says whether the key was unknown.
+        let take = |keys: &mut DetMap<KeyId, KeyState>, key: KeyId, visit: &mut Vec<KeyId>| {
+            if let Some(state) = keys.get_mut(&key) {
+                if state.visit_round != round {
+                    state.visit_round = round;
+                    visit.push(key);
+                }
+                return false;
+            }
+            visit.push(key);
+            true
+        };
+        self.stats.keys_visited_for_decisions += moved.len() as u64;
+        for digest in moved {
+            let probe = KeyId { version: 0, digest };
+            if let Some(key) = self.surface.get(&probe).map(|b| b.key()) {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        let slot = (round % WHEEL_ROUNDS) as usize;
+        for key in std::mem::take(&mut self.wheel[slot]) {
+            if self.keys.get(&key).is_some_and(|s| s.due_round == round) {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        // Unknown keys come once each from the pass over the buckets; a second source of
+        // them (a dirty key since removed, or `all`) needs the list deduplicated.
+        let mut unknown_twice = false;
+        for key in std::mem::take(&mut self.dirty) {
+            unknown_twice |= take(&mut self.keys, key, &mut visit);
+        }
+        if all {
+            let known: Vec<KeyId> = self.keys.keys().copied().collect();
+            for key in known {
+                take(&mut self.keys, key, &mut visit);
+            }
+            let mut fresh = Vec::new();
+            self.surface.for_each(|key, _| fresh.push(key));
+            for key in fresh {
+                take(&mut self.keys, key, &mut visit);
+            }
+        }
+        if all || unknown_twice {
+            visit.sort_unstable();
+            visit.dedup();
+        }
+        visit
+    }
+
+    /// Note a key-window whose book changed, for a caller that checks them.
+    fn note_change(
+        changes: &mut Option<Vec<KeyWindow>>,
+        overflowed: &mut bool,
+        cap: usize,
+        kw: KeyWindow,
+    ) {
+        if let Some(c) = changes.as_mut() {
+            if c.len() < cap {
+                c.push(kw);
+            } else {
+                *overflowed = true;
+            }
+        }
+    }
+
+    /// Close every visited key's windows that have ended, fixing their spend; reap
+    /// closed records once their final reports are out (the node-side mirror of C7).
+    fn close_ended_windows(&mut self, now: Now, visit: &[KeyId]) {
         let closed_reports = self.config.closed_reports;
+        let cap = self.config.records_cap;
         let surface = Arc::clone(&self.surface);
         let mut reaped = 0;
-        self.keys.retain(|key, state| {
-            let KeyState { track, records } = state;
+        let Self {
+            keys,
+            changes,
+            changes_overflowed,
+            reaped: reaped_log,
+            ..
+        } = self;
+        for key in visit {
+            let Some(state) = keys.get_mut(key) else {
+                continue;
+            };
+            let KeyState { track, records, .. } = state;
+            let ended = records.iter().any(|(_, r)| r.end_ms <= now.wall_ms);
             records.retain_mut(|(window, rec)| {
-                if window_end_ms(*key, *window) > now.wall_ms {
+                if !ended || rec.end_ms > now.wall_ms {
                     return true;
                 }
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
                 match rec.place {
                     Place::Closed { .. } => {
                         if rec.closed_reports_sent >= closed_reports {
                             reaped += 1;
+                            if let (Some(log), Some(counted)) = (reaped_log.as_mut(), rec.counted) {
+                                if log.len() < cap {
+                                    log.push(LineChange {
+                                        key_window: kw,
+                                        allowance: rec.allowance,
+                                        before: Some(counted),
+                                        after: None,
+                                    });
+                                } else {
+                                    *changes_overflowed = true;
+                                }
+                            }
                             return false;
                         }
                     }
@@ -539,6 +837,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - credit,
                         };
+                        Self::note_change(changes, changes_overflowed, cap, kw);
                     }
                     Place::Live => {
                         let taken = surface
@@ -555,6 +854,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - taken,
                         };
+                        Self::note_change(changes, changes_overflowed, cap, kw);
                         if let Some(track) = track.as_mut() {
                             let p = credit::parity(window.number);
                             if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
@@ -568,9 +868,19 @@ impl NodeLimiter {
             if records.spilled() && records.len() <= records.inline_size() {
                 records.shrink_to_fit();
             }
-            track.is_some() || !records.is_empty()
-        });
+            if track.is_none() && records.is_empty() {
+                keys.remove(key);
+            }
+        }
         self.records_len -= reaped;
+    }
+
+    /// The most wall time one round may advance without making it late (see
+    /// `handle_tick`): a quarter round over, since a timer-driven round task is often a
+    /// millisecond or so late, and counting that as late would visit every key each round.
+    fn round_step_ms(&self) -> u64 {
+        let round_ms = u64::from(self.config.round_ms);
+        round_ms + round_ms / 4
     }
 
     /// C4: quiet rounds after which a key's credit is idle. A node that saw `rate_milli`
@@ -617,130 +927,172 @@ impl NodeLimiter {
         Some((2 * u64::from(shorter_ms) / u64::from(round_ms.max(1))).max(u64::from(idle_cap)))
     }
 
-    fn scan_surface(&mut self, now: Now) {
+    fn scan_surface(&mut self, now: Now, visit: &[KeyId]) {
         let surface = Arc::clone(&self.surface);
-        let round = self.round;
-        let round_ms = self.config.round_ms;
+        for key in visit {
+            if let Some(bucket) = surface.get(key) {
+                self.scan_key(now, *key, &bucket);
+            }
+        }
+    }
+
+    /// One key's part of a round: demand from its decisions, then each plan window's
+    /// record made and installed (the current window; the next one near the boundary),
+    /// and idle credit handed back.
+    fn scan_key(&mut self, now: Now, key: KeyId, bucket: &KeyBucket) {
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * u64::from(self.config.round_ms);
         let (idle_min, idle_cap) = (
             self.config.idle_return_rounds_min,
             self.config.idle_return_rounds,
         );
-        surface.for_each(|key, bucket| {
-            let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
-            let track = self
-                .keys
-                .entry(key)
-                .or_default()
-                .track
-                .get_or_insert_with(KeyTrack::default);
-            let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
-            track.last_attempts = attempts;
-            let shorts = bucket.shorts();
-            let short_delta =
-                |i: usize| u64::from(shorts[i].wrapping_sub(track.last_shorts[i])).min(delta);
-            let passed = delta - short_delta(PLAN_WINDOWS_MAX);
-            let samples: [u64; PLAN_WINDOWS_MAX] =
-                std::array::from_fn(|slot| (passed + short_delta(slot)).min(delta) * 1_000);
-            track.last_shorts = shorts;
-            // Read before this round's decay, and only in the round a quiet spell begins.
-            let quiet_from_milli = (delta == 0 && track.idle_rounds == 0)
-                .then(|| track.demand_milli.iter().copied().max().unwrap_or(0));
-            let mut band_moved = [false; PLAN_WINDOWS_MAX];
-            for (slot, sample) in samples.into_iter().enumerate() {
-                // Peak-biased smoothing: rises within one round, decays over about eight,
-                // so a burst is seen at once and a pause does not strand the next
-                // window's grant. The step is at least 1 so integer decay reaches the
-                // sample: a residue that never reached 0 kept an idle node asking for
-                // (and returning) credit forever.
-                let d = track.demand_milli[slot];
-                track.last_round_milli[slot] = sample;
-                track.demand_milli[slot] = if sample >= d {
-                    d + (sample - d).div_ceil(8)
-                } else {
-                    d - (d - sample).div_ceil(8)
-                };
-                band_moved[slot] = demand_band(d) != demand_band(track.demand_milli[slot]);
-                if sample > 0 || track.wanted_round[slot] == 0 {
-                    track.wanted_round[slot] = round;
-                }
+        let round = self.round;
+        let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
+        let track = self
+            .keys
+            .entry(key)
+            .or_default()
+            .track
+            .get_or_insert_with(KeyTrack::default);
+        if track.scanned_round != 0 {
+            // The rounds since the last visit had no decisions for this key (the
+            // attempts pass would have visited it), and `schedule` chose them as rounds
+            // with nothing to do but the decay.
+            for r in track.scanned_round + 1..round {
+                track.observe(r, 0, track.last_shorts);
             }
-            let wanted_round = track.wanted_round;
-            let smoothed = track.demand_milli.iter().copied().max().unwrap_or(0);
-            if smoothed >= track.peak(round) {
-                track.peak_milli = smoothed;
-                track.peak_round = round;
-            }
-            track.idle_rounds = if delta == 0 {
-                if let Some(rate_milli) = quiet_from_milli {
-                    track.quiet_from_milli = rate_milli;
-                }
-                track.idle_rounds.saturating_add(1)
-            } else {
-                0
+        }
+        track.scanned_round = round;
+        let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
+        track.last_attempts = attempts;
+        let band_moved = track.observe(round, delta, bucket.shorts());
+        let wanted_round = track.wanted_round;
+        let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
+        let idle = track.idle(band_moved, idle_min, idle_cap);
+        // Whether a window still needs ensure_record + install: absent, or its credit
+        // not yet in a word. Both are no-ops on a live or closed record, the common
+        // case, so it is read here instead of each looking the key up again.
+        let unplaced = |state: Option<&KeyState>, window| {
+            state
+                .and_then(|s| s.rec(window))
+                .is_none_or(|r| matches!(r.place, Place::Off { .. }))
+        };
+        for (slot, spec) in bucket.policy().windows().iter().enumerate() {
+            let current = window_at(key, spec.length_ms, now.wall_ms);
+            let kw = KeyWindow {
+                key,
+                window: current,
             };
-            let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
-            // Idle credit goes back every quiet round from `idle_return_after` up to the
-            // configured wait, then only each time a window's decaying demand leaves its
-            // factor-of-two band (down to 0), rounds in which its report line is due
-            // anyway (`demand_band`). The owner re-grants against the demand residue what
-            // the node hands back, and handing it back every quiet round for as long as
-            // the residue lasted made a report line and a grant per quiet key per round,
-            // most of the protocol's traffic (BENCHMARKS.md, simulator). A busy key that
-            // went quiet (its traffic moved) still hands its credit back every round until
-            // the configured wait.
-            let idle_after = Self::idle_return_after(idle_min, idle_cap, track.quiet_from_milli);
-            let idle: [bool; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| {
-                track.idle_rounds >= idle_after
-                    && (track.idle_rounds <= idle_cap || band_moved[slot])
-            });
-            // Whether a window still needs ensure_record + install: absent, or its credit
-            // not yet in a word. Both are no-ops on a live or closed record, the common
-            // case, so it is read here instead of each looking the key up again.
-            let unplaced = |state: Option<&KeyState>, window| {
-                state
-                    .and_then(|s| s.rec(window))
-                    .is_none_or(|r| matches!(r.place, Place::Off { .. }))
-            };
-            for (slot, spec) in bucket.policy().windows().iter().enumerate() {
-                let current = window_at(key, spec.length_ms, now.wall_ms);
-                let kw = KeyWindow {
-                    key,
-                    window: current,
-                };
-                let state = self.keys.get(&key);
-                let has_current = state.and_then(|s| s.rec(current)).is_some();
-                if active || has_current {
-                    if unplaced(state, current) {
-                        self.ensure_record(now, kw, slot, spec.limit);
-                        self.install(key, bucket, kw);
+            let state = self.keys.get(&key);
+            let has_current = state.and_then(|s| s.rec(current)).is_some();
+            if active || has_current {
+                if unplaced(state, current) {
+                    if !self.ensure_record(now, kw, slot, spec.limit) {
+                        // The cap refused it: try again next round, as a pass over
+                        // every key did.
+                        self.dirty.push(key);
                     }
-                    let blocked = delta > 0
-                        && Self::blocked_return_rounds(
-                            bucket.policy().windows(),
-                            slot,
-                            round_ms,
-                            idle_cap,
-                        )
-                        .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
-                    if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
-                        self.return_idle_credit(now, bucket, kw);
-                    }
+                    self.install(key, bucket, kw);
                 }
-                let next = KeyWindow {
-                    key,
-                    window: next_window(current),
-                };
-                let near_end =
-                    window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
-                let state = self.keys.get(&key);
-                let has_next = state.and_then(|s| s.rec(next.window)).is_some();
-                if ((near_end && active) || has_next) && unplaced(state, next.window) {
-                    self.ensure_record(now, next, slot, spec.limit);
-                    self.install(key, bucket, next);
+                let blocked = delta > 0
+                    && Self::blocked_return_rounds(
+                        bucket.policy().windows(),
+                        slot,
+                        self.config.round_ms,
+                        idle_cap,
+                    )
+                    .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
+                if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
+                    self.return_idle_credit(now, bucket, kw);
                 }
             }
-        });
+            let next = KeyWindow {
+                key,
+                window: next_window(current),
+            };
+            let near_end = window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
+            let state = self.keys.get(&key);
+            let has_next = state.and_then(|s| s.rec(next.window)).is_some();
+            if ((near_end && active) || has_next) && unplaced(state, next.window) {
+                if !self.ensure_record(now, next, slot, spec.limit) {
+                    self.dirty.push(key);
+                }
+                self.install(key, bucket, next);
+            }
+        }
+    }
+
+    /// After a visit, the round in which `key` next needs one if no decision comes for
+    /// it, put on the wheel. Due is the earliest of: a record's window end (closing it,
+    /// and a new current window for a key still in demand) and its prefetch point; a
+    /// line's refresh; a closed line's next final report or its reaping; a record still
+    /// off its word; and, run forward on a copy of the demand track, the first quiet
+    /// round that hands idle credit back or moves a line's demand band (which makes it
+    /// due). Wall times become rounds at `round_step_ms` a round, which is never late as
+    /// long as no round advances the clock by more: such a round visits every key
+    /// (`handle_tick`). Anything earlier than needed is harmless, since a visit is exact.
+    fn schedule(&mut self, now: Now, visit: &[KeyId]) {
+        let round = self.round;
+        let round_ms = u64::from(self.config.round_ms);
+        let prefetch_ms = u64::from(self.config.prefetch_rounds) * round_ms;
+        let refresh = u64::from(self.config.refresh_rounds);
+        let (idle_min, idle_cap) = (
+            self.config.idle_return_rounds_min,
+            self.config.idle_return_rounds,
+        );
+        let step_ms = self.round_step_ms();
+        let at_wall =
+            |wall_ms: u64| round + wall_ms.saturating_sub(now.wall_ms).div_ceil(step_ms).max(1);
+        let horizon = round + WHEEL_ROUNDS - 1;
+        for key in visit {
+            let Some(state) = self.keys.get_mut(key) else {
+                continue;
+            };
+            let mut due = u64::MAX;
+            for (_, rec) in &state.records {
+                match rec.place {
+                    Place::Closed { .. } => due = due.min(round + 1),
+                    Place::Off { .. } => {
+                        // Off its word: installed in the next round with a bucket.
+                        due = due.min(round + 1);
+                    }
+                    Place::Live => {}
+                }
+                if !matches!(rec.place, Place::Closed { .. }) {
+                    let end = rec.end_ms;
+                    due = due
+                        .min(at_wall(end))
+                        .min(at_wall(end.saturating_sub(prefetch_ms)))
+                        .min(rec.reported_round + refresh.max(1));
+                }
+            }
+            if let Some(track) = state.track.as_ref()
+                && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
+            {
+                let limit = due.min(horizon).saturating_sub(round);
+                let bands: [u32; PLAN_WINDOWS_MAX] =
+                    std::array::from_fn(|slot| demand_band(track.demand(slot)));
+                let mut t = track.clone();
+                for j in 1..limit {
+                    let moved = t.observe(round + j, 0, t.last_shorts);
+                    let idle = t.idle(moved, idle_min, idle_cap);
+                    let band_moved = (0..PLAN_WINDOWS_MAX)
+                        .any(|slot| demand_band(t.demand(slot)) != bands[slot]);
+                    if band_moved || idle.iter().any(|i| *i) {
+                        due = due.min(round + j);
+                        break;
+                    }
+                }
+            }
+            if due == u64::MAX {
+                state.due_round = 0;
+                continue;
+            }
+            let due = due.clamp(round + 1, horizon);
+            if state.due_round != due {
+                state.due_round = due;
+                self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
+            }
+        }
     }
 
     /// Create the record for a key-window this node is about to use; in fixed mode or
@@ -774,10 +1126,18 @@ impl NodeLimiter {
             return false;
         }
         self.records_len += 1;
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
         self.keys.entry(kw.key).or_default().records.push((
             kw.window,
             WindowRecord {
                 slot: slot as u8,
+                shard: kw.shard(self.config.shards).0,
+                end_ms: window_end_ms(kw.key, kw.window),
                 allowance,
                 applied_grant: 0,
                 self_granted,
@@ -789,9 +1149,10 @@ impl NodeLimiter {
                     credit: self_granted,
                 },
                 last_reported: None,
-                rounds_since_report: 0,
+                reported_round: 0,
                 closed_reports_sent: 0,
                 spend_floor: 0,
+                counted: None,
             },
         ));
         true
@@ -815,7 +1176,7 @@ impl NodeLimiter {
         let Some(state) = self.keys.get_mut(&key) else {
             return;
         };
-        let KeyState { track, records } = state;
+        let KeyState { track, records, .. } = state;
         let Some(rec) = records
             .iter()
             .find(|(w, _)| *w == kw.window)
@@ -846,6 +1207,15 @@ impl NodeLimiter {
                 old.place = Place::Closed {
                     spend: old.received() - old.returned - taken,
                 };
+                Self::note_change(
+                    &mut self.changes,
+                    &mut self.changes_overflowed,
+                    self.config.records_cap,
+                    KeyWindow {
+                        key,
+                        window: older_window,
+                    },
+                );
             }
         }
         track.installed.set(slot, p, Some(kw.window.number));
@@ -858,6 +1228,12 @@ impl NodeLimiter {
         if let Some((_, rec)) = records.iter_mut().find(|(w, _)| *w == kw.window) {
             rec.place = Place::Live;
         }
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
     }
 
     /// C4: an idle node hands its unspent credit back so the owner can give it to a node
@@ -879,6 +1255,14 @@ impl NodeLimiter {
         .unwrap_or(0);
         rec.returned += taken;
         self.stats.credit_returned += taken;
+        if taken > 0 {
+            Self::note_change(
+                &mut self.changes,
+                &mut self.changes_overflowed,
+                self.config.records_cap,
+                kw,
+            );
+        }
     }
 
     /// The record's current numbers, as a report line.
@@ -890,24 +1274,30 @@ impl NodeLimiter {
         };
         line_of(
             bucket.as_deref(),
-            state.map_or(0, |s| s.demand(rec.slot)),
+            state.map_or(0, |s| s.demand(rec.slot, self.round)),
             kw,
             rec,
         )
     }
 
-    fn write_reports(&mut self, now: Now) {
+    /// The round's report lines: every line of a visited key that changed, is due for
+    /// its refresh, or is a closed line's final report. A key not visited has none due
+    /// (`schedule`), and a line's order in its batch does not depend on the visit order.
+    fn write_reports(&mut self, now: Now, visit: &[KeyId]) {
         let shards = self.config.shards as usize;
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
         let surface = Arc::clone(&self.surface);
-        let (config, links) = (&self.config, &self.links);
-        for (key, state) in self.keys.iter_mut() {
+        let (config, links, round) = (&self.config, &self.links, self.round);
+        for key in visit {
+            let Some(state) = self.keys.get_mut(key) else {
+                continue;
+            };
             let bucket = if state.has_live() {
                 surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
@@ -921,24 +1311,22 @@ impl NodeLimiter {
                     self_granted: line.self_granted,
                 };
                 let closed = matches!(rec.place, Place::Closed { .. });
-                let shard = kw.shard(config.shards).0 as usize;
+                let shard = rec.shard as usize;
                 let due = if links[shard].full_report_due {
                     true
                 } else if closed {
                     rec.closed_reports_sent < config.closed_reports
                 } else {
                     rec.last_reported != Some(reported)
-                        || rec.rounds_since_report + 1 >= config.refresh_rounds
+                        || round - rec.reported_round >= u64::from(config.refresh_rounds)
                 };
                 if due {
                     per_shard[shard].push(line);
                     rec.last_reported = Some(reported);
-                    rec.rounds_since_report = 0;
+                    rec.reported_round = round;
                     if closed {
                         rec.closed_reports_sent += 1;
                     }
-                } else {
-                    rec.rounds_since_report += 1;
                 }
             }
         }
@@ -992,11 +1380,21 @@ impl NodeLimiter {
                 .all_words()
                 .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
             if empty {
+                // A track is as of its key's last visit; the rounds since were quiet.
+                let round = self.round;
                 let idle_rounds = self
                     .keys
                     .get(&key)
                     .and_then(|s| s.track.as_ref())
-                    .map(|t| t.idle_rounds)
+                    .map(|t| {
+                        let unseen = if t.scanned_round == 0 {
+                            0
+                        } else {
+                            round - t.scanned_round
+                        };
+                        t.idle_rounds
+                            .saturating_add(u32::try_from(unseen).unwrap_or(u32::MAX))
+                    })
                     .unwrap_or(u32::MAX);
                 candidates.push((std::cmp::Reverse(idle_rounds), key));
             }
@@ -1023,10 +1421,13 @@ impl NodeLimiter {
         if evicted.is_empty() {
             return;
         }
+        // Rare (the surface near its cap): the next round visits every key rather than
+        // work out which schedules an eviction moved.
+        self.visit_all = true;
         // The words went with the bucket and held nothing; the records keep the spend,
         // and credit granted later waits off-word until the key is seen again.
         for key in &evicted {
-            for (_, rec) in self
+            for (window, rec) in self
                 .keys
                 .get_mut(key)
                 .into_iter()
@@ -1034,6 +1435,15 @@ impl NodeLimiter {
             {
                 if rec.place == Place::Live {
                     rec.place = Place::Off { credit: 0 };
+                    Self::note_change(
+                        &mut self.changes,
+                        &mut self.changes_overflowed,
+                        self.config.records_cap,
+                        KeyWindow {
+                            key: *key,
+                            window: *window,
+                        },
+                    );
                 }
             }
         }
@@ -1107,7 +1517,7 @@ impl NodeLimiter {
     /// bursts left `quiet_from_milli` under one request a round, and their first fast
     /// path of a burst still got 3 units for a round of 3-5 requests.
     fn fast_path_demand(&self, key: &KeyId) -> u64 {
-        let Some(track) = self.keys.get(key).and_then(|s| s.track.as_ref()) else {
+        let Some(track) = self.keys.get(key).and_then(|s| s.track_at(self.round)) else {
             return 0;
         };
         let busiest = (0..PLAN_WINDOWS_MAX)
@@ -1139,6 +1549,9 @@ impl NodeLimiter {
         if let Some(bucket) = surface.get(&kw.key) {
             self.install(kw.key, &bucket, kw);
         }
+        // The record may be new (its line is due) and an install may have closed an
+        // older window: the next tick looks at the key.
+        self.dirty.push(kw.key);
         let rec = self.record(&kw).expect("ensured above");
         let mut entry = self.line(&kw, rec);
         entry.demand = entry.demand.max(self.fast_path_demand(&kw.key));
@@ -1255,7 +1668,8 @@ impl NodeLimiter {
             return false;
         }
         let kw = entry.key_window;
-        if !self.has_record(&kw) {
+        let fresh = !self.has_record(&kw);
+        if fresh {
             // A grant can arrive before a tick saw the key (the fast path on a new key, or a
             // pre-grant for the next window); it needs the key's bucket to know the slot.
             let slot = self.surface.get(&kw.key).and_then(|b| {
@@ -1293,6 +1707,12 @@ impl NodeLimiter {
             self.stats.grants_invalid += 1;
             return false;
         }
+        Self::note_change(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
         rec.owner_epoch = owner_epoch;
         rec.grant_seq = entry.grant_seq;
         rec.exhausted = entry.exhausted;
@@ -1323,6 +1743,12 @@ impl NodeLimiter {
         let surface = Arc::clone(&self.surface);
         if off && let Some(bucket) = surface.get(&kw.key) {
             self.install(kw.key, &bucket, kw);
+        }
+        if fresh || off {
+            // A new line is due, and an install may have closed an older window: the
+            // next tick looks at the key. A grant to a record in place changes nothing
+            // a round would act on (it is not a reason to report, see `Reported`).
+            self.dirty.push(kw.key);
         }
         true
     }
@@ -1359,6 +1785,9 @@ impl NodeLimiter {
         if changed.is_empty() {
             return 0;
         }
+        // Rare: the next round visits every key rather than work out whose schedule
+        // the switch moved.
+        self.visit_all = true;
         let switching: DetMap<KeyId, KeyPolicy> = changed.iter().copied().collect();
         // Every record of a switching key, with the slot its window length has in the
         // new plan (None: the new plan has no window of that length).
@@ -1411,10 +1840,16 @@ impl NodeLimiter {
                 continue;
             }
             switched += 1;
-            let KeyState { track, records } = self.keys.entry(key).or_default();
+            let KeyState { track, records, .. } = self.keys.entry(key).or_default();
             let track = track.get_or_insert_with(KeyTrack::default);
             track.installed = Installed::default();
             for (i, (kw, _, new_slot)) in list.iter().enumerate() {
+                Self::note_change(
+                    &mut self.changes,
+                    &mut self.changes_overflowed,
+                    self.config.records_cap,
+                    *kw,
+                );
                 let rec = records
                     .iter_mut()
                     .find(|(w, _)| *w == kw.window)
@@ -1458,6 +1893,78 @@ impl NodeLimiter {
         self.outbox.pop_front()
     }
 
+    /// From now on, remember every key-window whose book changes (a record made,
+    /// granted, installed, returned, closed or reaped), for a caller that checks each
+    /// step's changes instead of every record (the simulator). Bounded by `records_cap`.
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+        self.reaped.get_or_insert_with(Vec::new);
+    }
+
+    /// The node-side invariants for every key-window changed since the last call, and
+    /// each changed line's part of a fleet-wide sum, before and now, into `out` (a
+    /// reaped line first, then at most one per line). A record no change touched keeps its part: only decisions
+    /// touched it, and a decision moves a unit from held to spend. `Ok(false)`: more
+    /// changed than the bound holds, and `out` is not complete.
+    pub fn take_changes(&mut self, out: &mut Vec<LineChange>) -> Result<bool, NodeInvariantError> {
+        let complete = !std::mem::take(&mut self.changes_overflowed);
+        let mut kws = self
+            .changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if let Some(reaped) = self.reaped.as_mut() {
+            out.append(reaped);
+        }
+        kws.sort_unstable();
+        kws.dedup();
+        let mut result = Ok(complete);
+        for kw in &kws {
+            let Some(state) = self.keys.get_mut(&kw.key) else {
+                continue;
+            };
+            // Neither the checks nor the sums read demand: skip catching the track up.
+            let demand = 0;
+            let has_bucket_need = state.rec(kw.window).is_some_and(|r| r.place == Place::Live);
+            let bucket = if has_bucket_need {
+                self.surface.get(&kw.key)
+            } else {
+                None
+            };
+            let Some(rec) = state.rec_mut(kw.window) else {
+                continue;
+            };
+            match check_record(bucket.as_deref(), demand, kw, rec) {
+                Ok(spend) => rec.spend_floor = spend,
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                    continue;
+                }
+            }
+            let line = line_of(bucket.as_deref(), demand, kw, rec);
+            let now = Some((line.cumulative_spend + line.held_credit, line.self_granted));
+            if rec.counted != now {
+                out.push(LineChange {
+                    key_window: *kw,
+                    allowance: rec.allowance,
+                    before: rec.counted,
+                    after: now,
+                });
+                rec.counted = now;
+            }
+        }
+        if let Some(c) = self.changes.as_mut()
+            && c.capacity() < kws.capacity()
+        {
+            // Hand the larger buffer back: the log is refilled every step.
+            kws.clear();
+            *c = kws;
+        }
+        result
+    }
+
     /// This epoch's line for a key-window, as it would be reported now (tests and the
     /// simulator use it to check fleet-wide truth).
     pub fn line_for(&self, kw: &KeyWindow) -> Option<ReportEntry> {
@@ -1477,13 +1984,14 @@ impl NodeLimiter {
     /// Every record's line, as `line_for` gives it, in one pass: a key's bucket is read
     /// once for all its windows (the simulator checks fleet truth every round with it).
     pub fn for_each_line(&self, mut f: impl FnMut(&ReportEntry)) {
+        let round = self.round;
         for (key, state) in &self.keys {
             let bucket = if state.has_live() {
                 self.surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in &state.records {
                 let kw = KeyWindow {
                     key: *key,
@@ -1506,13 +2014,14 @@ impl NodeLimiter {
         // moved, so it leaves them all where they were, as checking whole first would.
         let mut moved = Vec::with_capacity(self.records_len);
         let mut failure = None;
+        let round = self.round;
         'keys: for (key, state) in self.keys.iter_mut() {
             let bucket = if state.has_live() {
                 self.surface.get(key)
             } else {
                 None
             };
-            let demands = state.demands();
+            let demands = state.demands(round);
             for (window, rec) in state.records.iter_mut() {
                 let kw = KeyWindow {
                     key: *key,
@@ -1561,7 +2070,12 @@ impl NodeLimiter {
                 };
                 floors.push((
                     *kw,
-                    check_record(bucket.as_deref(), state.demand(rec.slot), kw, rec)?,
+                    check_record(
+                        bucket.as_deref(),
+                        state.demand(rec.slot, self.round),
+                        kw,
+                        rec,
+                    )?,
                 ));
             }
         }

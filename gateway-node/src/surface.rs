@@ -826,6 +826,16 @@ impl DecisionSurface {
         self.buckets.clear();
     }
 
+    /// Every bucket's digest and attempt counter, read from its own line only: the
+    /// reconciler's per-round look for keys with new decisions must not touch every
+    /// key's cold box (`KeyBucket::key`), only those it then visits.
+    pub(crate) fn for_each_attempts(&self, mut f: impl FnMut(u128, u16)) {
+        for entry in self.buckets.iter() {
+            let bucket = entry.key();
+            f(bucket.digest, bucket.attempts.load(Ordering::Relaxed));
+        }
+    }
+
     pub(crate) fn for_each(&self, mut f: impl FnMut(KeyId, &KeyBucket)) {
         for entry in self.buckets.iter() {
             let bucket = entry.key();

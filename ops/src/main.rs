@@ -197,8 +197,9 @@ struct SimArgs {
     /// Skip the codec round trip of every envelope (faster; the tests keep it on).
     #[arg(long)]
     no_codec: bool,
-    /// Full invariant checks every this many rounds (per-message checks always run).
-    #[arg(long, default_value_t = 1)]
+    /// Full invariant checks, and a cross-check of the kept fleet-truth sums against a
+    /// walk of every node, every this many rounds (every step's own checks always run).
+    #[arg(long, default_value_t = ops::sim::FULL_CHECK_ROUNDS_DEFAULT)]
     full_check_rounds: u64,
     /// Key-windows that begin before this many seconds are not booked (cold start).
     #[arg(long, default_value_t = 1)]

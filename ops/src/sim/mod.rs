@@ -7,11 +7,17 @@
 //! `global-sync` baseline (`global_sync`) runs on the same bus with the same traffic.
 //!
 //! What a "step" is: every protocol event (a node or owner tick, a delivered message, a
-//! fast-path exchange) is followed by a check of the state machine it touched, over the
-//! key-windows it touched; every `full_check_rounds` rounds every node and owner is
-//! checked whole and the fleet-wide truth (admitted + held <= allowance + self-granted,
-//! dead epochs included) is recomputed. Requests between events only spend credit, which
-//! the atomic words themselves keep non-negative.
+//! fast-path exchange, a node restart) is followed by a check of the state machine it
+//! touched, over the key-windows it changed, and of the fleet-wide truth (admitted + held
+//! <= allowance + self-granted, dead epochs included) for those key-windows. The truth's
+//! sums are kept per key-window and moved by each step's changes (`Sim::node_step`), so a
+//! check costs what the step changed, not a walk of every node's books. That is a
+//! complete check: a key-window no step changed has the same sum as before. Requests
+//! between events only move a unit from a node's held credit to its spend, which leaves
+//! the sum alone (the node book, checked on every change, keeps spend + held equal to
+//! received less returned), and the atomic words themselves stay non-negative. Every
+//! `full_check_rounds` rounds every node and owner is checked whole, and the kept sums
+//! are cross-checked against a walk of every node's books.
 
 pub mod bus;
 pub mod global_sync;
@@ -169,7 +175,7 @@ impl SimConfig {
             cut_at_s: None,
             cut_s: None,
             codec: true,
-            full_check_rounds: 1,
+            full_check_rounds: FULL_CHECK_ROUNDS_DEFAULT,
             degraded_after_ms: 30_000,
             warmup_s: 1,
             lead_rounds: None,
@@ -253,7 +259,7 @@ impl SimConfig {
         if !self.codec {
             s += " --no-codec";
         }
-        if self.full_check_rounds != 1 {
+        if self.full_check_rounds != FULL_CHECK_ROUNDS_DEFAULT {
             s += &format!(" --full-check-rounds {}", self.full_check_rounds);
         }
         for (flag, v) in [
@@ -274,6 +280,10 @@ impl SimConfig {
         s
     }
 }
+
+/// Full checks and the fleet-truth cross-check run once per simulated second by default:
+/// every step is checked as it happens, so the full walk is a check of the checker.
+pub const FULL_CHECK_ROUNDS_DEFAULT: u64 = 40;
 
 #[derive(thiserror::Error, Debug)]
 pub enum SimError {
@@ -544,9 +554,35 @@ struct Sim {
     next_node_epoch: u64,
     /// Spend of node epochs that died: admitted requests still count (C9).
     dead_spend: Vec<(KeyWindow, u64, u64)>,
-    /// `check_fleet_truth`'s per key-window sums (used, self-granted, allowance), empty
-    /// between checks.
-    truth_totals: DetMap<KeyWindow, (u64, u64, u64)>,
+    /// Fleet truth per key-window, kept up to date by every step (`node_step`).
+    truth: DetMap<KeyWindow, Truth>,
+    /// The cross-check's walk (`check_fleet_truth`), kept between walks: built from
+    /// empty each time, the map's growth cost as much as filling it.
+    truth_walk: DetMap<KeyWindow, (u64, u64, u64)>,
+    changed: Vec<gateway_node::LineChange>,
+}
+
+/// One key-window's fleet truth: live node epochs' lines and dead epochs' spend.
+#[derive(Clone, Copy, Debug, Default)]
+struct Truth {
+    allowance: u64,
+    live_used: u64,
+    live_self_granted: u64,
+    live_lines: u32,
+    dead_used: u64,
+    dead_self_granted: u64,
+    dead_lines: u32,
+}
+
+impl Truth {
+    /// (used, self-granted) across the fleet, or None while no live node has a line (a
+    /// dead epoch's spend alone is not checked, as before).
+    fn sums(&self) -> Option<(u64, u64)> {
+        (self.live_lines > 0).then_some((
+            self.live_used + self.dead_used,
+            self.live_self_granted + self.dead_self_granted,
+        ))
+    }
 }
 
 fn node_config(cfg: &SimConfig, i: u32) -> NodeConfig {
@@ -617,12 +653,14 @@ impl Sim {
                 };
                 SimNode {
                     limiter: (cfg.mode != SimMode::GlobalSync).then(|| {
-                        NodeLimiter::new(
+                        let mut l = NodeLimiter::new(
                             node_config(&cfg, i),
                             surface_for(&cfg),
                             NodeEpoch(1),
                             now0(skew_ms),
-                        )
+                        );
+                        l.track_changes();
+                        l
                     }),
                     gs: GsNode::default(),
                     skew_ms,
@@ -663,7 +701,9 @@ impl Sim {
             violation_count: 0,
             next_node_epoch: 2,
             dead_spend: Vec::new(),
-            truth_totals: DetMap::default(),
+            truth: DetMap::default(),
+            truth_walk: DetMap::default(),
+            changed: Vec::new(),
             cfg,
         })
     }
@@ -729,6 +769,10 @@ impl Sim {
         while let Some(g) = owner.poll_grant() {
             out.push(g);
         }
+        self.send_grant_batches(t_ms, out);
+    }
+
+    fn send_grant_batches(&mut self, t_ms: u64, out: Vec<bus_schemas::GrantBatch>) {
         for g in out {
             let node = g.node.0;
             self.bus
@@ -770,14 +814,13 @@ impl Sim {
                     return;
                 };
                 limiter.handle_grant_batch(now, &g);
-                if let Err(e) = limiter.check_key_windows(g.entries.iter().map(|e| &e.key_window)) {
-                    self.violation(t_ms, format!("node {n}: {e}"));
-                }
+                self.node_step(n as usize, t_ms);
             }
             (Target::Node(n), Payload::FastPathReply(r)) => {
                 let now = self.node_now(n as usize, t_ms);
                 if let Some(limiter) = self.nodes[n as usize].limiter.as_mut() {
                     limiter.handle_fast_path_reply(now, &r);
+                    self.node_step(n as usize, t_ms);
                 }
             }
             (Target::Owner(s), Payload::GsHits(h)) => {
@@ -829,6 +872,8 @@ impl Sim {
         };
         limiter.handle_tick(now);
         let degraded = limiter.surface().degraded();
+        self.node_step(i, t_ms);
+        let limiter = self.nodes[i].limiter.as_mut().expect("ticked above");
         if (t_ms / ROUND_MS).is_multiple_of(self.cfg.full_check_rounds)
             && let Err(e) = limiter.check_invariants()
         {
@@ -861,27 +906,81 @@ impl Sim {
             return;
         };
         owner.handle_tick(now);
-        if (t_ms / ROUND_MS).is_multiple_of(self.cfg.full_check_rounds)
-            && let Err(e) = owner.check_invariants()
-        {
+        let mut out = Vec::new();
+        while let Some(g) = owner.poll_grant() {
+            out.push(g);
+        }
+        // A tick changes the ledgers it grants from (the hot lane) and drops reaped ones.
+        let checked = if (t_ms / ROUND_MS).is_multiple_of(self.cfg.full_check_rounds) {
+            owner.check_invariants()
+        } else {
+            owner.check_key_windows(
+                out.iter()
+                    .flat_map(|g| g.entries.iter().map(|e| &e.key_window)),
+            )
+        };
+        if let Err(e) = checked {
             self.violation(t_ms, format!("owner {s}: {e}"));
         }
-        self.send_grants(s, t_ms);
+        self.send_grant_batches(t_ms, out);
+    }
+
+    /// After a step that touched node `i`: its book and the fleet truth, checked for the
+    /// key-windows the step changed, the truth's sums moved by what changed (see the
+    /// module comment for why that is complete).
+    fn node_step(&mut self, i: usize, t_ms: u64) {
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.clear();
+        let Some(limiter) = self.nodes[i].limiter.as_mut() else {
+            self.changed = changed;
+            return;
+        };
+        let mut found = Vec::new();
+        match limiter.take_changes(&mut changed) {
+            Ok(true) => {}
+            Ok(false) => found.push(format!("node {i}: more changes than its log holds")),
+            Err(e) => found.push(format!("node {i}: {e}")),
+        }
+        // A reaped line's removal comes before any new line for its key-window, so a
+        // sum checked as each change lands never exceeds the step's final one.
+        let mut breached = Vec::new();
+        for c in &changed {
+            if truth_move(
+                &mut self.truth,
+                c.key_window,
+                c.allowance,
+                c.before,
+                c.after,
+            ) {
+                breached.push(c.key_window);
+            }
+        }
+        self.changed = changed;
+        breached.sort_unstable();
+        breached.dedup();
+        found.extend(
+            breached
+                .iter()
+                .filter_map(|kw| truth_breach(&self.truth, kw)),
+        );
+        for f in found {
+            self.violation(t_ms, f);
+        }
     }
 
     /// Fleet-wide truth per key-window: admitted plus still-spendable credit across every
     /// epoch, dead ones included, never exceeds the allowance plus what nodes gave
-    /// themselves (F4).
+    /// themselves (F4). Every step checks the key-windows it changed (`node_step`); this
+    /// walk of every node's books, every `full_check_rounds` rounds, checks them all and
+    /// cross-checks the kept sums against it.
     fn check_fleet_truth(&mut self, t_ms: u64) {
-        // Kept between rounds: built from empty every round, the map's growth (rehashing
-        // tens of thousands of key-windows) cost as much as filling it.
-        let mut totals = std::mem::take(&mut self.truth_totals);
+        let mut walk = std::mem::take(&mut self.truth_walk);
         for n in &self.nodes {
             let Some(l) = n.limiter.as_ref() else {
                 continue;
             };
             l.for_each_line(|line| {
-                let t = totals
+                let t = walk
                     .entry(line.key_window)
                     .or_insert((0, 0, line.allowance));
                 t.0 += line.cumulative_spend + line.held_credit;
@@ -889,43 +988,108 @@ impl Sim {
             });
         }
         for (kw, spend, self_granted) in &self.dead_spend {
-            if let Some(t) = totals.get_mut(kw) {
+            if let Some(t) = walk.get_mut(kw) {
                 t.0 += spend;
                 t.1 += self_granted;
             }
         }
-        // Only breaches are sorted (for a stable report order); the scan itself is O(lines).
-        let mut bad: Vec<_> = totals
-            .drain()
-            .filter(|(_, (used, self_granted, allowance))| {
-                *used > allowance.saturating_add(*self_granted)
-            })
-            .collect();
-        self.truth_totals = totals;
-        bad.sort_unstable_by_key(|(kw, _)| *kw);
-        let bad: Vec<String> = bad
-            .into_iter()
-            .map(|(kw, (used, self_granted, allowance))| {
+        let kept_live = self.truth.values().filter(|t| t.live_lines > 0).count();
+        let mut bad: Vec<(KeyWindow, String)> = Vec::new();
+        if kept_live != walk.len() {
+            bad.push((
+                KeyWindow {
+                    key: KeyId {
+                        version: 0,
+                        digest: 0,
+                    },
+                    window: bus_schemas::WindowId {
+                        length_ms: 0,
+                        number: 0,
+                    },
+                },
                 format!(
-                    "fleet truth {kw:?}: used {used} > allowance {allowance} + self-granted {self_granted}"
-                )
-            })
-            .collect();
-        for b in bad {
+                    "fleet truth: {kept_live} key-windows kept, {} walked",
+                    walk.len()
+                ),
+            ));
+        }
+        // Only breaches are sorted (for a stable report order); the scan itself is O(lines).
+        for (kw, (used, self_granted, allowance)) in walk.drain() {
+            let kept = self.truth.get(&kw).and_then(Truth::sums);
+            if kept != Some((used, self_granted)) {
+                bad.push((
+                    kw,
+                    format!("fleet truth {kw:?}: kept {kept:?}, walked ({used}, {self_granted})"),
+                ));
+            }
+            if used > allowance.saturating_add(self_granted) {
+                bad.push((
+                    kw,
+                    format!(
+                        "fleet truth {kw:?}: used {used} > allowance {allowance} + self-granted {self_granted}"
+                    ),
+                ));
+            }
+        }
+        self.truth_walk = walk;
+        bad.sort_unstable_by_key(|(kw, _)| *kw);
+        for (_, b) in bad {
             self.violation(t_ms, b);
         }
-        // Dead epochs' lines matter only while their window is open.
+    }
+
+    /// Dead epochs' lines matter only while their window is open.
+    fn expire_dead_spend(&mut self, t_ms: u64) {
         let wall = WALL0_MS + t_ms;
-        self.dead_spend
-            .retain(|(kw, _, _)| window_end_ms(kw.key, kw.window) + 1_000 > wall);
+        let truth = &mut self.truth;
+        self.dead_spend.retain(|(kw, spend, self_granted)| {
+            if window_end_ms(kw.key, kw.window) + 1_000 > wall {
+                return true;
+            }
+            let t = truth.get_mut(kw).expect("every dead line is kept");
+            t.dead_used -= spend;
+            t.dead_self_granted -= self_granted;
+            t.dead_lines -= 1;
+            if t.live_lines == 0 && t.dead_lines == 0 {
+                truth.remove(kw);
+            }
+            false
+        });
     }
 
     fn restart_node(&mut self, i: usize, t_ms: u64) {
         if let Some(old) = self.nodes[i].limiter.take() {
+            let mut touched = Vec::new();
+            let (dead, truth) = (&mut self.dead_spend, &mut self.truth);
             old.for_each_line(|line| {
-                self.dead_spend
-                    .push((line.key_window, line.cumulative_spend, line.self_granted));
+                let kw = line.key_window;
+                // Its live part is what it last counted: only decisions came since.
+                truth_move(
+                    truth,
+                    kw,
+                    line.allowance,
+                    Some((line.cumulative_spend + line.held_credit, line.self_granted)),
+                    None,
+                );
+                dead.push((kw, line.cumulative_spend, line.self_granted));
+                let t = truth.entry(kw).or_insert(Truth {
+                    allowance: line.allowance,
+                    ..Truth::default()
+                });
+                t.dead_used += line.cumulative_spend;
+                t.dead_self_granted += line.self_granted;
+                t.dead_lines += 1;
+                touched.push(kw);
             });
+            touched.sort_unstable();
+            touched.dedup();
+            let found: Vec<String> = touched
+                .iter()
+                .filter_map(|kw| truth_breach(&self.truth, kw))
+                .collect();
+            for f in found {
+                self.violation(t_ms, f);
+            }
             self.counts.self_grants += old.stats().self_grants;
         }
         self.nodes[i].gs = GsNode::default();
@@ -940,12 +1104,14 @@ impl Sim {
         let epoch = NodeEpoch(self.next_node_epoch);
         self.next_node_epoch += 1;
         let now = self.node_now(i, t_ms);
-        self.nodes[i].limiter = Some(NodeLimiter::new(
+        let mut limiter = NodeLimiter::new(
             node_config(&self.cfg, i as u32),
             surface_for(&self.cfg),
             epoch,
             now,
-        ));
+        );
+        limiter.track_changes();
+        self.nodes[i].limiter = Some(limiter);
     }
 
     fn crash_owners(&mut self, t_ms: u64) {
@@ -1036,9 +1202,6 @@ impl Sim {
                         }
                         let limiter = self.nodes[i].limiter.as_mut().expect("present");
                         limiter.handle_fast_path_reply(now, &reply);
-                        if let Err(e) = limiter.check_key_windows([&f.entry.key_window]) {
-                            self.violation(t_ms, format!("node {i}: {e}"));
-                        }
                     }
                     FastPathFate::OnTime | FastPathFate::Lost => missed = true,
                     FastPathFate::Late { at_us } => {
@@ -1052,6 +1215,8 @@ impl Sim {
                 }
             }
             self.counts.fast_path_deadline_missed += u64::from(missed);
+            // The exchange is one step: the records the need made, the replies applied.
+            self.node_step(i, t_ms);
             d = surface.decide_after_fast_path(key, now.wall_ms, &self.policy, missed);
         }
         match d {
@@ -1114,10 +1279,11 @@ impl Sim {
                     self.tick_owner(s, t_ms);
                 }
             }
-            if t_ms.is_multiple_of(ROUND_MS * self.cfg.full_check_rounds)
-                && self.cfg.mode != SimMode::GlobalSync
-            {
-                self.check_fleet_truth(t_ms);
+            if t_ms.is_multiple_of(ROUND_MS) && self.cfg.mode != SimMode::GlobalSync {
+                self.expire_dead_spend(t_ms);
+                if t_ms.is_multiple_of(ROUND_MS * self.cfg.full_check_rounds) {
+                    self.check_fleet_truth(t_ms);
+                }
             }
             arrivals.clear();
             traffic.arrivals(t_ms, &mut arrivals);
@@ -1242,4 +1408,55 @@ pub fn write_admissions_csv(
         }
     }
     Ok(())
+}
+
+/// Moves one node line's part of a key-window's truth from `before` to `now` (used,
+/// self-granted); an entry no line holds any more is dropped. Returns whether the
+/// key-window's truth is now breached (one lookup for the move and the check).
+fn truth_move(
+    truth: &mut DetMap<KeyWindow, Truth>,
+    kw: KeyWindow,
+    allowance: u64,
+    before: Option<(u64, u64)>,
+    now: Option<(u64, u64)>,
+) -> bool {
+    if before == now {
+        return false;
+    }
+    let t = truth.entry(kw).or_default();
+    if let Some((used, self_granted)) = before {
+        assert!(
+            t.live_lines > 0,
+            "{kw:?}: a line leaves the truth it never joined"
+        );
+        t.live_used -= used;
+        t.live_self_granted -= self_granted;
+        t.live_lines -= 1;
+    }
+    if let Some((used, self_granted)) = now {
+        if t.live_lines == 0 && t.dead_lines == 0 {
+            t.allowance = allowance;
+        }
+        t.live_used += used;
+        t.live_self_granted += self_granted;
+        t.live_lines += 1;
+    }
+    if t.live_lines == 0 && t.dead_lines == 0 {
+        truth.remove(&kw);
+        return false;
+    }
+    t.sums()
+        .is_some_and(|(used, self_granted)| used > t.allowance.saturating_add(self_granted))
+}
+
+/// A breach of fleet truth at `kw`, as a violation's text.
+fn truth_breach(truth: &DetMap<KeyWindow, Truth>, kw: &KeyWindow) -> Option<String> {
+    let t = truth.get(kw)?;
+    let (used, self_granted) = t.sums()?;
+    (used > t.allowance.saturating_add(self_granted)).then(|| {
+        format!(
+            "fleet truth {kw:?}: used {used} > allowance {} + self-granted {self_granted}",
+            t.allowance
+        )
+    })
 }

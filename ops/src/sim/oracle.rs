@@ -2,7 +2,6 @@
 //! central limiter with the same windows and phase offsets that sees every request in
 //! global (true) time order and admits it when every window has allowance left.
 
-use bus_schemas::hashing::DetMap;
 use bus_schemas::{KeyId, WindowSpec};
 use gateway_node::window::{window_at, window_end_ms, window_start_ms};
 
@@ -40,9 +39,24 @@ pub struct Books {
     windows: Vec<WindowSpec>,
     /// Oracle state per key and window kind: (window number, admitted in it).
     oracle: Vec<[(u64, u64); 2]>,
-    /// Every request is booked here twice (offered, admitted): SipHash on each cost more
-    /// than the oracle itself. `closed` sorts what it returns, so order never shows.
-    books: DetMap<(u32, u8, u64), KwBooks>,
+    /// Every request is booked here twice (offered, admitted), per key and window kind
+    /// in the order its windows were first booked: a request almost always books the
+    /// last or the one before, where a map of every key-window of the run (600,000 at
+    /// the speed shape) cost a cache miss per booking and kept growing. `closed` sorts
+    /// what it returns, so order never shows.
+    books: Vec<[Vec<(u64, KwBooks)>; 2]>,
+}
+
+/// The books of window number `n` in one key's list for one window kind.
+fn booked(list: &mut Vec<(u64, KwBooks)>, n: u64) -> &mut KwBooks {
+    let at = match list.iter().rposition(|(m, _)| *m == n) {
+        Some(at) => at,
+        None => {
+            list.push((n, KwBooks::default()));
+            list.len() - 1
+        }
+    };
+    &mut list[at].1
 }
 
 impl Books {
@@ -53,9 +67,9 @@ impl Books {
         );
         Self {
             oracle: vec![[(u64::MAX, 0); 2]; keys.len()],
+            books: vec![[Vec::new(), Vec::new()]; keys.len()],
             keys,
             windows,
-            books: DetMap::default(),
         }
     }
 
@@ -77,7 +91,7 @@ impl Books {
             if admit {
                 self.oracle[k as usize][i].1 += 1;
             }
-            let b = self.books.entry((k, i as u8, *n)).or_default();
+            let b = booked(&mut self.books[k as usize][i], *n);
             b.offered += 1;
             b.oracle_admitted += u64::from(admit);
         }
@@ -90,7 +104,7 @@ impl Books {
         let key = self.keys[k as usize];
         for (i, w) in self.windows.iter().enumerate() {
             let n = window_at(key, w.length_ms, node_wall_ms).number;
-            self.books.entry((k, i as u8, n)).or_default().admitted += 1;
+            booked(&mut self.books[k as usize][i], n).admitted += 1;
         }
     }
 
@@ -101,9 +115,16 @@ impl Books {
         let mut out: Vec<ClosedKw> = self
             .books
             .iter()
-            .filter_map(|(&(k, i, n), b)| {
-                let key = self.keys[k as usize];
-                let w = self.windows[usize::from(i)];
+            .enumerate()
+            .flat_map(|(k, kinds)| {
+                kinds
+                    .iter()
+                    .enumerate()
+                    .flat_map(move |(i, list)| list.iter().map(move |(n, b)| (k, i, *n, b)))
+            })
+            .filter_map(|(k, i, n, b)| {
+                let key = self.keys[k];
+                let w = self.windows[i];
                 let id = bus_schemas::WindowId {
                     length_ms: w.length_ms,
                     number: n,
