@@ -317,6 +317,24 @@ impl KeyTrack {
         band_moved
     }
 
+    /// `rounds` rounds with no decisions, as that many `observe(0, ..)` would take them.
+    /// Once every demand has decayed to 0 (in at most ~150 rounds from any demand a
+    /// 16-bit attempt counter allows) a quiet round only counts itself, so a key back
+    /// after an hour costs no more than one back after a few seconds.
+    fn observe_quiet(&mut self, rounds: u64) {
+        for done in 0..rounds {
+            let settled = self.idle_rounds > 0
+                && self.demand_milli.iter().all(|d| *d == 0)
+                && self.last_round_milli.iter().all(|d| *d == 0);
+            if settled {
+                let left = u32::try_from(rounds - done).unwrap_or(u32::MAX);
+                self.idle_rounds = self.idle_rounds.saturating_add(left);
+                return;
+            }
+            self.observe(0, self.last_shorts);
+        }
+    }
+
     /// Idle credit goes back every quiet round from `idle_return_after` up to the
     /// configured wait, then only each time a window's decaying demand leaves its
     /// factor-of-two band (down to 0), rounds in which its report line is due anyway
@@ -395,9 +413,7 @@ impl KeyState {
             return std::array::from_fn(|slot| track.demand(slot));
         }
         let mut t = track.clone();
-        for _ in track.scanned_round..round {
-            t.observe(0, t.last_shorts);
-        }
+        t.observe_quiet(round - track.scanned_round);
         std::array::from_fn(|slot| t.demand(slot))
     }
 }
@@ -892,9 +908,7 @@ impl NodeLimiter {
             // The rounds since the last visit had no decisions for this key (the
             // attempts pass would have visited it), and `schedule` chose them as rounds
             // with nothing to do but the decay.
-            for _ in track.scanned_round + 1..round {
-                track.observe(0, track.last_shorts);
-            }
+            track.observe_quiet(round.saturating_sub(track.scanned_round + 1));
         }
         track.scanned_round = round;
         let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
@@ -2068,7 +2082,41 @@ fn check_record(
 
 #[cfg(test)]
 mod tests {
-    use super::NodeLimiter;
+    use super::{KeyTrack, NodeLimiter};
+
+    /// A key not visited for n rounds takes them in at its next visit: the shortcut
+    /// once demand has settled at 0 must equal n quiet rounds one by one.
+    #[test]
+    fn quiet_rounds_taken_in_at_once_equal_one_by_one() {
+        for (sample, busy, n) in [(1u64, 1u64, 1u64), (3, 4, 7), (40, 2, 200), (1, 9, 5_000)] {
+            let mut a = KeyTrack::default();
+            let mut attempts = [0u32; super::PLAN_WINDOWS_MAX + 1];
+            for _ in 0..busy {
+                attempts[0] += 1;
+                a.observe(sample, attempts);
+            }
+            let mut b = a.clone();
+            for _ in 0..n {
+                a.observe(0, a.last_shorts);
+            }
+            b.observe_quiet(n);
+            assert_eq!(
+                (
+                    a.demand_milli,
+                    a.last_round_milli,
+                    a.idle_rounds,
+                    a.quiet_from_milli
+                ),
+                (
+                    b.demand_milli,
+                    b.last_round_milli,
+                    b.idle_rounds,
+                    b.quiet_from_milli
+                ),
+                "{sample} {busy} {n}"
+            );
+        }
+    }
 
     /// A busy key's credit goes back after a quiet spell its own rate makes unlikely; a
     /// slow one waits the configured rounds; never fewer than three, never more than the
