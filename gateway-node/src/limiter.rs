@@ -347,6 +347,28 @@ impl KeyTrack {
         band_moved
     }
 
+    /// `rounds` rounds with no decisions from round `first`, as that many `observe(r, 0,
+    /// ..)` would take them. Once every demand has decayed to 0 (in at most ~150 rounds
+    /// from any demand a 16-bit attempt counter allows) a quiet round only counts
+    /// itself, so a key back after an hour costs no more than one back after a few
+    /// seconds. The rest of the track needs no rounds counted then either: a zero sample
+    /// never moves `wanted_round`, and the recent peak reads the same on both sides of
+    /// the shortcut (`peak` decays on read, and a settled demand only replaces a peak
+    /// that already reads 0).
+    fn observe_quiet(&mut self, first: u64, rounds: u64) {
+        for done in 0..rounds {
+            let settled = self.idle_rounds > 0
+                && self.demand_milli.iter().all(|d| *d == 0)
+                && self.last_round_milli.iter().all(|d| *d == 0);
+            if settled {
+                let left = u32::try_from(rounds - done).unwrap_or(u32::MAX);
+                self.idle_rounds = self.idle_rounds.saturating_add(left);
+                return;
+            }
+            self.observe(first + done, 0, self.last_shorts);
+        }
+    }
+
     /// Idle credit goes back every quiet round from `idle_return_after` up to the
     /// configured wait, then only each time a window's decaying demand leaves its
     /// factor-of-two band (down to 0), rounds in which its report line is due anyway
@@ -432,9 +454,7 @@ impl KeyState {
             return Some(std::borrow::Cow::Borrowed(track));
         }
         let mut t = track.clone();
-        for r in track.scanned_round + 1..=round {
-            t.observe(r, 0, t.last_shorts);
-        }
+        t.observe_quiet(track.scanned_round + 1, round - track.scanned_round);
         Some(std::borrow::Cow::Owned(t))
     }
 }
@@ -957,9 +977,10 @@ impl NodeLimiter {
             // The rounds since the last visit had no decisions for this key (the
             // attempts pass would have visited it), and `schedule` chose them as rounds
             // with nothing to do but the decay.
-            for r in track.scanned_round + 1..round {
-                track.observe(r, 0, track.last_shorts);
-            }
+            track.observe_quiet(
+                track.scanned_round + 1,
+                round.saturating_sub(track.scanned_round + 1),
+            );
         }
         track.scanned_round = round;
         let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
@@ -2171,7 +2192,47 @@ fn check_record(
 
 #[cfg(test)]
 mod tests {
-    use super::NodeLimiter;
+    use super::{KeyTrack, NodeLimiter};
+
+    /// A key not visited for n rounds takes them in at its next visit: the shortcut
+    /// once demand has settled at 0 must equal n quiet rounds one by one.
+    #[test]
+    fn quiet_rounds_taken_in_at_once_equal_one_by_one() {
+        for (sample, busy, n) in [(1u64, 1u64, 1u64), (3, 4, 7), (40, 2, 200), (1, 9, 5_000)] {
+            let mut a = KeyTrack::default();
+            let mut attempts = [0u32; super::PLAN_WINDOWS_MAX + 1];
+            for round in 1..=busy {
+                attempts[0] += 1;
+                a.observe(round, sample, attempts);
+            }
+            let mut b = a.clone();
+            for round in busy + 1..=busy + n {
+                a.observe(round, 0, a.last_shorts);
+            }
+            b.observe_quiet(busy + 1, n);
+            let end = busy + n;
+            for later in [end, end + 1, end + 10_000] {
+                assert_eq!(a.peak(later), b.peak(later), "{sample} {busy} {n} {later}");
+            }
+            assert_eq!(
+                (
+                    a.demand_milli,
+                    a.last_round_milli,
+                    a.idle_rounds,
+                    a.quiet_from_milli,
+                    a.wanted_round
+                ),
+                (
+                    b.demand_milli,
+                    b.last_round_milli,
+                    b.idle_rounds,
+                    b.quiet_from_milli,
+                    b.wanted_round
+                ),
+                "{sample} {busy} {n}"
+            );
+        }
+    }
 
     /// A window's credit goes back while its key is busy only when a shorter window has
     /// stopped every request for two of its lengths; the shortest window never does.
