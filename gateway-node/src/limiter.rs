@@ -501,7 +501,8 @@ pub struct NodeLimiter {
     /// `refresh_rounds` at most, so one turn of the wheel covers every live entry.
     wheel: Vec<Vec<KeyId>>,
     /// Keys whose records changed outside a tick (a grant or a fast path made one), to
-    /// visit at the next tick.
+    /// visit at the next tick. At most `records_cap` entries (`mark_dirty`): past that
+    /// the next tick visits every key instead, which is exact too.
     dirty: Vec<KeyId>,
     /// Each bucket's (digest, attempts) as the last round's pass saw them, in the
     /// surface's iteration order, so the pass compares in order instead of looking up.
@@ -790,6 +791,17 @@ impl NodeLimiter {
         visit
     }
 
+    /// Visit `key` at the next tick. The list is bounded: a flood of grants or fast
+    /// paths between two ticks (each may name a key again) turns into one visit of
+    /// every key rather than into memory.
+    fn mark_dirty(&mut self, key: KeyId) {
+        if self.dirty.len() < self.config.records_cap {
+            self.dirty.push(key);
+        } else {
+            self.visit_all = true;
+        }
+    }
+
     /// Note a key-window whose book changed, for a caller that checks them.
     fn note_change(
         changes: &mut Option<Vec<KeyWindow>>,
@@ -1010,7 +1022,7 @@ impl NodeLimiter {
                     if !self.ensure_record(now, kw, slot, spec.limit) {
                         // The cap refused it: try again next round, as a pass over
                         // every key did.
-                        self.dirty.push(key);
+                        self.mark_dirty(key);
                     }
                     self.install(key, bucket, kw);
                 }
@@ -1035,7 +1047,7 @@ impl NodeLimiter {
             let has_next = state.and_then(|s| s.rec(next.window)).is_some();
             if ((near_end && active) || has_next) && unplaced(state, next.window) {
                 if !self.ensure_record(now, next, slot, spec.limit) {
-                    self.dirty.push(key);
+                    self.mark_dirty(key);
                 }
                 self.install(key, bucket, next);
             }
@@ -1572,7 +1584,7 @@ impl NodeLimiter {
         }
         // The record may be new (its line is due) and an install may have closed an
         // older window: the next tick looks at the key.
-        self.dirty.push(kw.key);
+        self.mark_dirty(kw.key);
         let rec = self.record(&kw).expect("ensured above");
         let mut entry = self.line(&kw, rec);
         entry.demand = entry.demand.max(self.fast_path_demand(&kw.key));
@@ -1769,7 +1781,7 @@ impl NodeLimiter {
             // A new line is due, and an install may have closed an older window: the
             // next tick looks at the key. A grant to a record in place changes nothing
             // a round would act on (it is not a reason to report, see `Reported`).
-            self.dirty.push(kw.key);
+            self.mark_dirty(kw.key);
         }
         true
     }
@@ -2193,6 +2205,38 @@ fn check_record(
 #[cfg(test)]
 mod tests {
     use super::{KeyTrack, NodeLimiter};
+
+    /// The keys to visit between two ticks are bounded by `records_cap`; past it the next
+    /// tick visits every key, and the one after goes back to visiting what changed.
+    #[test]
+    fn dirty_keys_are_bounded_and_overflow_into_a_visit_of_every_key() {
+        use bus_schemas::{KeyId, NodeEpoch, NodeId, Now};
+        let t0 = Now {
+            wall_ms: 1_764_720_000_000,
+            mono_ms: 5_000,
+        };
+        let config = super::NodeConfig {
+            records_cap: 3,
+            ..super::NodeConfig::reference(NodeId(0))
+        };
+        let surface = std::sync::Arc::new(crate::DecisionSurface::new(Default::default()));
+        let mut node = NodeLimiter::new(config, surface, NodeEpoch(1), t0);
+        node.handle_tick(t0);
+        assert!(
+            !node.visit_all,
+            "the first tick visits every key, then stops"
+        );
+        for digest in 1..=5u128 {
+            node.mark_dirty(KeyId { version: 1, digest });
+        }
+        assert_eq!(node.dirty.len(), 3);
+        assert!(node.visit_all);
+        node.handle_tick(Now {
+            wall_ms: t0.wall_ms + 25,
+            mono_ms: t0.mono_ms + 25,
+        });
+        assert!(node.dirty.is_empty() && !node.visit_all);
+    }
 
     /// A key not visited for n rounds takes them in at its next visit: the shortcut
     /// once demand has settled at 0 must equal n quiet rounds one by one.
