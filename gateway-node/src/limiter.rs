@@ -719,25 +719,27 @@ impl NodeLimiter {
         // Decisions since the last round. A bucket the pass has not seen at this place
         // in the order (new, or moved by the map's growth) is visited too: a visit is
         // always exact, only skipping one needs a reason.
-        let mut moved: Vec<u128> = Vec::new();
+        let mut moved: Vec<KeyId> = Vec::new();
         let mut i = 0;
         let seen = &mut self.attempts_seen;
-        self.surface.for_each_attempts(|digest, attempts| {
-            match seen.get_mut(i) {
+        self.surface.for_each_attempts(|bucket, digest, attempts| {
+            let decided = match seen.get_mut(i) {
                 Some(e) if e.0 == digest => {
-                    if e.1 != attempts {
-                        e.1 = attempts;
-                        moved.push(digest);
-                    }
+                    let changed = e.1 != attempts;
+                    e.1 = attempts;
+                    changed
                 }
                 Some(e) => {
                     *e = (digest, attempts);
-                    moved.push(digest);
+                    true
                 }
                 None => {
                     seen.push((digest, attempts));
-                    moved.push(digest);
+                    true
                 }
+            };
+            if decided {
+                moved.push(bucket.key());
             }
             i += 1;
         });
@@ -755,11 +757,8 @@ impl NodeLimiter {
             true
         };
         self.stats.keys_visited_for_decisions += moved.len() as u64;
-        for digest in moved {
-            let probe = KeyId { version: 0, digest };
-            if let Some(key) = self.surface.get(&probe).map(|b| b.key()) {
-                take(&mut self.keys, key, &mut visit);
-            }
+        for key in moved {
+            take(&mut self.keys, key, &mut visit);
         }
         let slot = (round % WHEEL_ROUNDS) as usize;
         for key in std::mem::take(&mut self.wheel[slot]) {
@@ -803,15 +802,22 @@ impl NodeLimiter {
     }
 
     /// Note a key-window whose book changed, for a caller that checks them.
-    fn note_change(
-        changes: &mut Option<Vec<KeyWindow>>,
-        overflowed: &mut bool,
-        cap: usize,
-        kw: KeyWindow,
-    ) {
-        if let Some(c) = changes.as_mut() {
-            if c.len() < cap {
-                c.push(kw);
+    fn note_change(&mut self, kw: KeyWindow) {
+        Self::log_bounded(
+            &mut self.changes,
+            &mut self.changes_overflowed,
+            self.config.records_cap,
+            kw,
+        );
+    }
+
+    /// Push onto a change log if one is kept (`track_changes`), up to `cap` entries;
+    /// past that, `overflowed` says the log is incomplete. A free function for the
+    /// passes that hold other fields of `self` borrowed.
+    fn log_bounded<T>(log: &mut Option<Vec<T>>, overflowed: &mut bool, cap: usize, item: T) {
+        if let Some(entries) = log.as_mut() {
+            if entries.len() < cap {
+                entries.push(item);
             } else {
                 *overflowed = true;
             }
@@ -850,17 +856,18 @@ impl NodeLimiter {
                     Place::Closed { .. } => {
                         if rec.closed_reports_sent >= closed_reports {
                             reaped += 1;
-                            if let (Some(log), Some(counted)) = (reaped_log.as_mut(), rec.counted) {
-                                if log.len() < cap {
-                                    log.push(LineChange {
+                            if let Some(counted) = rec.counted {
+                                Self::log_bounded(
+                                    reaped_log,
+                                    changes_overflowed,
+                                    cap,
+                                    LineChange {
                                         key_window: kw,
                                         allowance: rec.allowance,
                                         before: Some(counted),
                                         after: None,
-                                    });
-                                } else {
-                                    *changes_overflowed = true;
-                                }
+                                    },
+                                );
                             }
                             return false;
                         }
@@ -869,7 +876,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - credit,
                         };
-                        Self::note_change(changes, changes_overflowed, cap, kw);
+                        Self::log_bounded(changes, changes_overflowed, cap, kw);
                     }
                     Place::Live => {
                         let taken = surface
@@ -886,7 +893,7 @@ impl NodeLimiter {
                         rec.place = Place::Closed {
                             spend: rec.received() - rec.returned - taken,
                         };
-                        Self::note_change(changes, changes_overflowed, cap, kw);
+                        Self::log_bounded(changes, changes_overflowed, cap, kw);
                         if let Some(track) = track.as_mut() {
                             let p = credit::parity(window.number);
                             if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
@@ -1159,12 +1166,7 @@ impl NodeLimiter {
             return false;
         }
         self.records_len += 1;
-        Self::note_change(
-            &mut self.changes,
-            &mut self.changes_overflowed,
-            self.config.records_cap,
-            kw,
-        );
+        self.note_change(kw);
         self.keys.entry(kw.key).or_default().records.push((
             kw.window,
             WindowRecord {
@@ -1240,7 +1242,7 @@ impl NodeLimiter {
                 old.place = Place::Closed {
                     spend: old.received() - old.returned - taken,
                 };
-                Self::note_change(
+                Self::log_bounded(
                     &mut self.changes,
                     &mut self.changes_overflowed,
                     self.config.records_cap,
@@ -1261,12 +1263,7 @@ impl NodeLimiter {
         if let Some((_, rec)) = records.iter_mut().find(|(w, _)| *w == kw.window) {
             rec.place = Place::Live;
         }
-        Self::note_change(
-            &mut self.changes,
-            &mut self.changes_overflowed,
-            self.config.records_cap,
-            kw,
-        );
+        self.note_change(kw);
     }
 
     /// C4: an idle node hands its unspent credit back so the owner can give it to a node
@@ -1289,12 +1286,7 @@ impl NodeLimiter {
         rec.returned += taken;
         self.stats.credit_returned += taken;
         if taken > 0 {
-            Self::note_change(
-                &mut self.changes,
-                &mut self.changes_overflowed,
-                self.config.records_cap,
-                kw,
-            );
+            self.note_change(kw);
         }
     }
 
@@ -1468,7 +1460,7 @@ impl NodeLimiter {
             {
                 if rec.place == Place::Live {
                     rec.place = Place::Off { credit: 0 };
-                    Self::note_change(
+                    Self::log_bounded(
                         &mut self.changes,
                         &mut self.changes_overflowed,
                         self.config.records_cap,
@@ -1740,7 +1732,7 @@ impl NodeLimiter {
             self.stats.grants_invalid += 1;
             return false;
         }
-        Self::note_change(
+        Self::log_bounded(
             &mut self.changes,
             &mut self.changes_overflowed,
             self.config.records_cap,
@@ -1877,7 +1869,7 @@ impl NodeLimiter {
             let track = track.get_or_insert_with(KeyTrack::default);
             track.installed = Installed::default();
             for (i, (kw, _, new_slot)) in list.iter().enumerate() {
-                Self::note_change(
+                Self::log_bounded(
                     &mut self.changes,
                     &mut self.changes_overflowed,
                     self.config.records_cap,
@@ -2282,17 +2274,7 @@ mod tests {
     /// stopped every request for two of its lengths; the shortest window never does.
     #[test]
     fn blocked_return_waits_two_shorter_windows() {
-        use bus_schemas::WindowSpec;
-        let plan = [
-            WindowSpec {
-                length_ms: 1_000,
-                limit: 40,
-            },
-            WindowSpec {
-                length_ms: 60_000,
-                limit: 1_500,
-            },
-        ];
+        let plan = ops::fleet::drill_plan();
         let after = |slot, cap| NodeLimiter::blocked_return_rounds(&plan, slot, 25, cap);
         assert_eq!(after(0, 8), None);
         assert_eq!(after(1, 8), Some(80));

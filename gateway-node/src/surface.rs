@@ -826,13 +826,17 @@ impl DecisionSurface {
         self.buckets.clear();
     }
 
-    /// Every bucket's digest and attempt counter, read from its own line only: the
-    /// reconciler's per-round look for keys with new decisions must not touch every
-    /// key's cold box (`KeyBucket::key`), only those it then visits.
-    pub(crate) fn for_each_attempts(&self, mut f: impl FnMut(u128, u16)) {
+    /// Every bucket with its digest and attempt counter, read from its own line: the
+    /// reconciler's per-round look for keys with new decisions reads the cold box
+    /// (`KeyBucket::key`) only of those it then visits.
+    pub(crate) fn for_each_attempts(&self, mut f: impl FnMut(&KeyBucket, u128, u16)) {
         for entry in self.buckets.iter() {
             let bucket = entry.key();
-            f(bucket.digest, bucket.attempts.load(Ordering::Relaxed));
+            f(
+                bucket,
+                bucket.digest,
+                bucket.attempts.load(Ordering::Relaxed),
+            );
         }
     }
 
