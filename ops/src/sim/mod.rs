@@ -316,6 +316,12 @@ pub struct Counts {
     pub bus_sent: u64,
     pub bus_lost: u64,
     pub bus_cut: u64,
+    /// The protocol's work, for the node epochs alive at the end: report lines sent,
+    /// keys their rounds visited, grant entries applied (the simulator's cost follows
+    /// these more than the request count).
+    pub report_entries: u64,
+    pub keys_visited: u64,
+    pub grants_applied: u64,
     /// C10: report entries folded in the owners' hot lane.
     pub hot_deferred: u64,
     /// Fold age histograms (whole rounds, last bucket = that many or more), summed over
@@ -339,6 +345,9 @@ impl Counts {
         self.bus_sent += o.bus_sent;
         self.bus_lost += o.bus_lost;
         self.bus_cut += o.bus_cut;
+        self.report_entries += o.report_entries;
+        self.keys_visited += o.keys_visited;
+        self.grants_applied += o.grants_applied;
         self.add_owner_histograms(
             o.hot_deferred,
             &o.fold_age_rounds_cold,
@@ -1301,7 +1310,11 @@ impl Sim {
         }
         for node in &self.nodes {
             if let Some(l) = &node.limiter {
-                self.counts.self_grants += l.stats().self_grants;
+                let stats = l.stats();
+                self.counts.self_grants += stats.self_grants;
+                self.counts.report_entries += stats.report_entries_sent;
+                self.counts.keys_visited += stats.keys_visited;
+                self.counts.grants_applied += stats.grants_applied;
             }
         }
         for o in &self.owners {
