@@ -701,10 +701,21 @@ impl NodeLimiter {
             || self.links.iter().any(|l| l.full_report_due);
         let visit = self.keys_to_visit(all);
         self.stats.keys_visited += visit.len() as u64;
-        self.close_ended_windows(now, &visit);
-        self.scan_surface(now, &visit);
-        self.write_reports(now, &visit);
-        self.schedule(now, &visit);
+        // One pass, each key taken through every step at once with one bucket lookup:
+        // no step reads another key's state, and a key's state and bucket are in cache
+        // for its later steps (a pass per step missed on them again).
+        let surface = Arc::clone(&self.surface);
+        let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); self.config.shards as usize];
+        for key in &visit {
+            let bucket = surface.get(key);
+            self.close_ended_windows(now, key, bucket.as_deref());
+            if let Some(bucket) = bucket.as_deref() {
+                self.scan_key(now, *key, bucket);
+            }
+            self.report_key(key, bucket.as_deref(), &mut per_shard);
+            self.schedule(now, key);
+        }
+        self.send_reports(now, per_shard);
         self.evict_if_over_cap();
         let expiry_ms = 4 * u64::from(self.config.round_ms);
         self.pending
@@ -824,12 +835,11 @@ impl NodeLimiter {
         }
     }
 
-    /// Close every visited key's windows that have ended, fixing their spend; reap
-    /// closed records once their final reports are out (the node-side mirror of C7).
-    fn close_ended_windows(&mut self, now: Now, visit: &[KeyId]) {
+    /// Close a visited key's windows that have ended, fixing their spend; reap closed
+    /// records once their final reports are out (the node-side mirror of C7).
+    fn close_ended_windows(&mut self, now: Now, key: &KeyId, bucket: Option<&KeyBucket>) {
         let closed_reports = self.config.closed_reports;
         let cap = self.config.records_cap;
-        let surface = Arc::clone(&self.surface);
         let mut reaped = 0;
         let Self {
             keys,
@@ -838,78 +848,75 @@ impl NodeLimiter {
             reaped: reaped_log,
             ..
         } = self;
-        for key in visit {
-            let Some(state) = keys.get_mut(key) else {
-                continue;
+        let Some(state) = keys.get_mut(key) else {
+            return;
+        };
+        let KeyState { track, records, .. } = state;
+        let ended = records.iter().any(|(_, r)| r.end_ms <= now.wall_ms);
+        records.retain_mut(|(window, rec)| {
+            if !ended || rec.end_ms > now.wall_ms {
+                return true;
+            }
+            let kw = KeyWindow {
+                key: *key,
+                window: *window,
             };
-            let KeyState { track, records, .. } = state;
-            let ended = records.iter().any(|(_, r)| r.end_ms <= now.wall_ms);
-            records.retain_mut(|(window, rec)| {
-                if !ended || rec.end_ms > now.wall_ms {
-                    return true;
-                }
-                let kw = KeyWindow {
-                    key: *key,
-                    window: *window,
-                };
-                match rec.place {
-                    Place::Closed { .. } => {
-                        if rec.closed_reports_sent >= closed_reports {
-                            reaped += 1;
-                            if let Some(counted) = rec.counted {
-                                Self::log_bounded(
-                                    reaped_log,
-                                    changes_overflowed,
-                                    cap,
-                                    LineChange {
-                                        key_window: kw,
-                                        allowance: rec.allowance,
-                                        before: Some(counted),
-                                        after: None,
-                                    },
-                                );
-                            }
-                            return false;
-                        }
-                    }
-                    Place::Off { credit } => {
-                        rec.place = Place::Closed {
-                            spend: rec.received() - rec.returned - credit,
-                        };
-                        Self::log_bounded(changes, changes_overflowed, cap, kw);
-                    }
-                    Place::Live => {
-                        let taken = surface
-                            .get(key)
-                            .and_then(|b| {
-                                credit::drain(
-                                    b.word(usize::from(rec.slot), *window),
-                                    credit::tag_of(window.number),
-                                )
-                            })
-                            .expect(
-                                "a live record's word holds its window (checked by check_invariants)",
+            match rec.place {
+                Place::Closed { .. } => {
+                    if rec.closed_reports_sent >= closed_reports {
+                        reaped += 1;
+                        if let Some(counted) = rec.counted {
+                            Self::log_bounded(
+                                reaped_log,
+                                changes_overflowed,
+                                cap,
+                                LineChange {
+                                    key_window: kw,
+                                    allowance: rec.allowance,
+                                    before: Some(counted),
+                                    after: None,
+                                },
                             );
-                        rec.place = Place::Closed {
-                            spend: rec.received() - rec.returned - taken,
-                        };
-                        Self::log_bounded(changes, changes_overflowed, cap, kw);
-                        if let Some(track) = track.as_mut() {
-                            let p = credit::parity(window.number);
-                            if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
-                                track.installed.set(usize::from(rec.slot), p, None);
-                            }
+                        }
+                        return false;
+                    }
+                }
+                Place::Off { credit } => {
+                    rec.place = Place::Closed {
+                        spend: rec.received() - rec.returned - credit,
+                    };
+                    Self::log_bounded(changes, changes_overflowed, cap, kw);
+                }
+                Place::Live => {
+                    let taken = bucket
+                        .and_then(|b| {
+                            credit::drain(
+                                b.word(usize::from(rec.slot), *window),
+                                credit::tag_of(window.number),
+                            )
+                        })
+                        .expect(
+                            "a live record's word holds its window (checked by check_invariants)",
+                        );
+                    rec.place = Place::Closed {
+                        spend: rec.received() - rec.returned - taken,
+                    };
+                    Self::log_bounded(changes, changes_overflowed, cap, kw);
+                    if let Some(track) = track.as_mut() {
+                        let p = credit::parity(window.number);
+                        if track.installed.get(usize::from(rec.slot), p) == Some(window.number) {
+                            track.installed.set(usize::from(rec.slot), p, None);
                         }
                     }
                 }
-                true
-            });
-            if records.spilled() && records.len() <= records.inline_size() {
-                records.shrink_to_fit();
             }
-            if track.is_none() && records.is_empty() {
-                keys.remove(key);
-            }
+            true
+        });
+        if records.spilled() && records.len() <= records.inline_size() {
+            records.shrink_to_fit();
+        }
+        if track.is_none() && records.is_empty() {
+            keys.remove(key);
         }
         self.records_len -= reaped;
     }
@@ -966,15 +973,6 @@ impl NodeLimiter {
         Some((2 * u64::from(shorter_ms) / u64::from(round_ms.max(1))).max(u64::from(idle_cap)))
     }
 
-    fn scan_surface(&mut self, now: Now, visit: &[KeyId]) {
-        let surface = Arc::clone(&self.surface);
-        for key in visit {
-            if let Some(bucket) = surface.get(key) {
-                self.scan_key(now, *key, &bucket);
-            }
-        }
-    }
-
     /// One key's part of a round: demand from its decisions, then each plan window's
     /// record made and installed (the current window; the next one near the boundary),
     /// and idle credit handed back.
@@ -1004,7 +1002,14 @@ impl NodeLimiter {
         track.scanned_round = round;
         let delta = u64::from(attempts.wrapping_sub(track.last_attempts));
         track.last_attempts = attempts;
-        let band_moved = track.observe(round, delta, bucket.shorts());
+        // A short counter moves only with a decision, which moves `attempts` too: a
+        // visit with none (most are, see `schedule`) need not read them.
+        let shorts = if delta == 0 {
+            track.last_shorts
+        } else {
+            bucket.shorts()
+        };
+        let band_moved = track.observe(round, delta, shorts);
         let wanted_round = track.wanted_round;
         let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
         let idle = track.idle(band_moved, idle_min, idle_cap);
@@ -1070,7 +1075,7 @@ impl NodeLimiter {
     /// due). Wall times become rounds at `round_step_ms` a round, which is never late as
     /// long as no round advances the clock by more: such a round visits every key
     /// (`handle_tick`). Anything earlier than needed is harmless, since a visit is exact.
-    fn schedule(&mut self, now: Now, visit: &[KeyId]) {
+    fn schedule(&mut self, now: Now, key: &KeyId) {
         let round = self.round;
         let round_ms = u64::from(self.config.round_ms);
         let prefetch_ms = u64::from(self.config.prefetch_rounds) * round_ms;
@@ -1083,55 +1088,53 @@ impl NodeLimiter {
         let at_wall =
             |wall_ms: u64| round + wall_ms.saturating_sub(now.wall_ms).div_ceil(step_ms).max(1);
         let horizon = round + WHEEL_ROUNDS - 1;
-        for key in visit {
-            let Some(state) = self.keys.get_mut(key) else {
-                continue;
-            };
-            let mut due = u64::MAX;
-            for (_, rec) in &state.records {
-                match rec.place {
-                    Place::Closed { .. } => due = due.min(round + 1),
-                    Place::Off { .. } => {
-                        // Off its word: installed in the next round with a bucket.
-                        due = due.min(round + 1);
-                    }
-                    Place::Live => {}
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let mut due = u64::MAX;
+        for (_, rec) in &state.records {
+            match rec.place {
+                Place::Closed { .. } => due = due.min(round + 1),
+                Place::Off { .. } => {
+                    // Off its word: installed in the next round with a bucket.
+                    due = due.min(round + 1);
                 }
-                if !matches!(rec.place, Place::Closed { .. }) {
-                    let end = rec.end_ms;
-                    due = due
-                        .min(at_wall(end))
-                        .min(at_wall(end.saturating_sub(prefetch_ms)))
-                        .min(rec.reported_round + refresh.max(1));
-                }
+                Place::Live => {}
             }
-            if let Some(track) = state.track.as_ref()
-                && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
-            {
-                let limit = due.min(horizon).saturating_sub(round);
-                let bands: [u32; PLAN_WINDOWS_MAX] =
-                    std::array::from_fn(|slot| demand_band(track.demand(slot)));
-                let mut t = track.clone();
-                for j in 1..limit {
-                    let moved = t.observe(round + j, 0, t.last_shorts);
-                    let idle = t.idle(moved, idle_min, idle_cap);
-                    let band_moved = (0..PLAN_WINDOWS_MAX)
-                        .any(|slot| demand_band(t.demand(slot)) != bands[slot]);
-                    if band_moved || idle.iter().any(|i| *i) {
-                        due = due.min(round + j);
-                        break;
-                    }
+            if !matches!(rec.place, Place::Closed { .. }) {
+                let end = rec.end_ms;
+                due = due
+                    .min(at_wall(end))
+                    .min(at_wall(end.saturating_sub(prefetch_ms)))
+                    .min(rec.reported_round + refresh.max(1));
+            }
+        }
+        if let Some(track) = state.track.as_ref()
+            && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
+        {
+            let limit = due.min(horizon).saturating_sub(round);
+            let bands: [u32; PLAN_WINDOWS_MAX] =
+                std::array::from_fn(|slot| demand_band(track.demand(slot)));
+            let mut t = track.clone();
+            for j in 1..limit {
+                let moved = t.observe(round + j, 0, t.last_shorts);
+                let idle = t.idle(moved, idle_min, idle_cap);
+                let band_moved =
+                    (0..PLAN_WINDOWS_MAX).any(|slot| demand_band(t.demand(slot)) != bands[slot]);
+                if band_moved || idle.iter().any(|i| *i) {
+                    due = due.min(round + j);
+                    break;
                 }
             }
-            if due == u64::MAX {
-                state.due_round = 0;
-                continue;
-            }
-            let due = due.clamp(round + 1, horizon);
-            if state.due_round != due {
-                state.due_round = due;
-                self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
-            }
+        }
+        if due == u64::MAX {
+            state.due_round = 0;
+            return;
+        }
+        let due = due.clamp(round + 1, horizon);
+        if state.due_round != due {
+            state.due_round = due;
+            self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
         }
     }
 
@@ -1305,56 +1308,56 @@ impl NodeLimiter {
         )
     }
 
-    /// The round's report lines: every line of a visited key that changed, is due for
-    /// its refresh, or is a closed line's final report. A key not visited has none due
-    /// (`schedule`), and a line's order in its batch does not depend on the visit order.
-    fn write_reports(&mut self, now: Now, visit: &[KeyId]) {
-        let shards = self.config.shards as usize;
-        let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); shards];
-        let surface = Arc::clone(&self.surface);
+    /// A visited key's report lines, into its shards' lists: every line that changed, is
+    /// due for its refresh, or is a closed line's final report. A key not visited has
+    /// none due (`schedule`), and a line's order in its batch does not depend on the
+    /// visit order (`send_reports` sorts).
+    fn report_key(
+        &mut self,
+        key: &KeyId,
+        bucket: Option<&KeyBucket>,
+        per_shard: &mut [Vec<ReportEntry>],
+    ) {
         let (config, links, round) = (&self.config, &self.links, self.round);
-        for key in visit {
-            let Some(state) = self.keys.get_mut(key) else {
-                continue;
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let demands = state.demands(round);
+        for (window, rec) in state.records.iter_mut() {
+            let kw = KeyWindow {
+                key: *key,
+                window: *window,
             };
-            let bucket = if state.has_live() {
-                surface.get(key)
+            let line = line_of(bucket, demands[usize::from(rec.slot)], &kw, rec);
+            let reported = Reported {
+                spend: line.cumulative_spend,
+                demand_band: demand_band(line.demand),
+                returned: line.returned,
+                self_granted: line.self_granted,
+            };
+            let closed = matches!(rec.place, Place::Closed { .. });
+            let shard = rec.shard as usize;
+            let due = if links[shard].full_report_due {
+                true
+            } else if closed {
+                rec.closed_reports_sent < config.closed_reports
             } else {
-                None
+                rec.last_reported != Some(reported)
+                    || round - rec.reported_round >= u64::from(config.refresh_rounds)
             };
-            let demands = state.demands(round);
-            for (window, rec) in state.records.iter_mut() {
-                let kw = KeyWindow {
-                    key: *key,
-                    window: *window,
-                };
-                let line = line_of(bucket.as_deref(), demands[usize::from(rec.slot)], &kw, rec);
-                let reported = Reported {
-                    spend: line.cumulative_spend,
-                    demand_band: demand_band(line.demand),
-                    returned: line.returned,
-                    self_granted: line.self_granted,
-                };
-                let closed = matches!(rec.place, Place::Closed { .. });
-                let shard = rec.shard as usize;
-                let due = if links[shard].full_report_due {
-                    true
-                } else if closed {
-                    rec.closed_reports_sent < config.closed_reports
-                } else {
-                    rec.last_reported != Some(reported)
-                        || round - rec.reported_round >= u64::from(config.refresh_rounds)
-                };
-                if due {
-                    per_shard[shard].push(line);
-                    rec.last_reported = Some(reported);
-                    rec.reported_round = round;
-                    if closed {
-                        rec.closed_reports_sent += 1;
-                    }
+            if due {
+                per_shard[shard].push(line);
+                rec.last_reported = Some(reported);
+                rec.reported_round = round;
+                if closed {
+                    rec.closed_reports_sent += 1;
                 }
             }
         }
+    }
+
+    /// The round's report batches from the lines `report_key` collected.
+    fn send_reports(&mut self, now: Now, per_shard: Vec<Vec<ReportEntry>>) {
         // One batch per shard every round, empty or not: it is also the heartbeat the
         // owner uses to see this node (C8) and the acknowledgement of its epoch.
         for (shard, mut entries) in per_shard.into_iter().enumerate() {

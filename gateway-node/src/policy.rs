@@ -9,7 +9,9 @@ use bus_schemas::{KeyId, PolicySnapshot, WindowSpec};
 use crate::window::Reciprocal;
 
 /// The windows that apply to one key after overrides (S3: one or more fixed windows).
+/// In declared order, the window specs first (see `POLICY_WINDOWS_END`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct KeyPolicy {
     windows: [WindowSpec; PLAN_WINDOWS_MAX],
     /// Per window, its length as a precomputed reciprocal: the decision names the current
@@ -20,6 +22,12 @@ pub struct KeyPolicy {
     /// (`inline_signature`); 0 where they do not fit it.
     signature: u32,
 }
+
+/// Where the specs of a two-window plan (the common one; `surface::INLINE_WINDOWS`)
+/// end within a policy: a bucket's cold box keeps them in its first cache line
+/// (`ColdBucket`), which a const assertion there holds it to.
+pub(crate) const POLICY_INLINE_WINDOWS_END: usize = std::mem::offset_of!(KeyPolicy, windows)
+    + crate::surface::INLINE_WINDOWS * std::mem::size_of::<WindowSpec>();
 
 /// One window length in 16 bits, exactly or not at all: 2 bits of unit (ms, s, min, h)
 /// and 14 of count, in the finest unit that holds it. Decoding is `count * unit`, so two

@@ -60,11 +60,11 @@ pub struct KeyBucket {
 }
 
 /// The part of a bucket that only the reconciler, the short path and plans of more than
-/// two windows read.
+/// two windows read. Laid out so that what a reconciler's visit reads of it, the short
+/// counters and a two-window plan's specs, shares the first cache line: with the compiler's
+/// order the counters came last, a line of their own, and a visit missed on two lines.
+#[repr(C, align(64))]
 struct ColdBucket {
-    version: u8,
-    policy: KeyPolicy,
-    words: [[AtomicU64; 2]; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
     /// Wrapping counts of decisions that found a window short: one per plan window, and
     /// last, one for any window. Demand per window (C4) is the decisions that passed
     /// every window plus those this window stopped: a hot key that its 1 s window holds
@@ -73,8 +73,15 @@ struct ColdBucket {
     /// hot-key scenarios, where demand counted every attempt for every window). Only
     /// the short path touches them.
     shorts: [AtomicU32; PLAN_WINDOWS_MAX + 1],
+    version: u8,
+    policy: KeyPolicy,
+    words: [[AtomicU64; 2]; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
 }
 
+const _: () = assert!(
+    std::mem::offset_of!(ColdBucket, policy) + crate::policy::POLICY_INLINE_WINDOWS_END <= 64
+        && std::mem::offset_of!(ColdBucket, shorts) == 0
+);
 const _: () = assert!(std::mem::size_of::<KeyBucket>() == 64);
 const _: () = assert!(std::mem::align_of::<KeyBucket>() == 64);
 
