@@ -50,7 +50,7 @@ pub struct NodeConfig {
     pub degraded_after_ms: u64,
     /// C4: rounds without a request after which held credit goes back to the pool, at
     /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`). After this
-    /// many, again only each time the quiet key's decaying demand halves (`scan_surface`).
+    /// many, again only each time the quiet key's decaying demand halves (`scan_key`).
     pub idle_return_rounds: u32,
     /// C4: the fewest quiet rounds after which even a busy key's credit goes back. A
     /// test that keeps idle credit sets this and `idle_return_rounds` to `u32::MAX`.
