@@ -1003,25 +1003,14 @@ impl Sim {
             }
         }
         let kept_live = self.truth.values().filter(|t| t.live_lines > 0).count();
-        let mut bad: Vec<(KeyWindow, String)> = Vec::new();
         if kept_live != walk.len() {
-            bad.push((
-                KeyWindow {
-                    key: KeyId {
-                        version: 0,
-                        digest: 0,
-                    },
-                    window: bus_schemas::WindowId {
-                        length_ms: 0,
-                        number: 0,
-                    },
-                },
-                format!(
-                    "fleet truth: {kept_live} key-windows kept, {} walked",
-                    walk.len()
-                ),
-            ));
+            let count = walk.len();
+            self.violation(
+                t_ms,
+                format!("fleet truth: {kept_live} key-windows kept, {count} walked"),
+            );
         }
+        let mut bad: Vec<(KeyWindow, String)> = Vec::new();
         // Only breaches are sorted (for a stable report order); the scan itself is O(lines).
         for (kw, (used, self_granted, allowance)) in walk.drain() {
             let kept = self.truth.get(&kw).and_then(Truth::sums);
