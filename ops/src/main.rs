@@ -194,7 +194,8 @@ struct SimArgs {
     /// F5: how long a node waits before it reports degraded, ms.
     #[arg(long, default_value_t = 30_000)]
     degraded_after_ms: u64,
-    /// Skip the codec round trip of every envelope (faster; the tests keep it on).
+    /// Skip the codec round-trip check of every envelope (it runs on a second thread;
+    /// the tests keep it on).
     #[arg(long)]
     no_codec: bool,
     /// Full invariant checks, and a cross-check of the kept fleet-truth sums against a

@@ -40,6 +40,72 @@ pub struct BusParams {
     pub codec: bool,
 }
 
+/// Envelopes per batch handed to the codec check, and batches queued at most: the sender
+/// waits past that, so at most 32,768 envelope copies are in flight.
+const CODEC_BATCH: usize = 512;
+const CODEC_BATCHES_QUEUED: usize = 64;
+
+/// Every Foldgate envelope delivered is encoded and decoded on a second thread, which
+/// checks that the round trip gives back exactly what was sent. The run delivers what was
+/// sent, so its output is the same whether or not the check runs, and a codec that
+/// changed an envelope fails the run (`Bus::finish`) rather than quietly steering it. The
+/// round trip was a fifth of a single-threaded run's time.
+struct CodecCheck {
+    batch: Vec<Payload>,
+    tx: std::sync::mpsc::SyncSender<Vec<Payload>>,
+    worker: std::thread::JoinHandle<Option<String>>,
+}
+
+impl CodecCheck {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Payload>>(CODEC_BATCHES_QUEUED);
+        let worker = std::thread::Builder::new()
+            .name("sim-codec-check".into())
+            .spawn(move || {
+                let mut first = None;
+                for batch in rx {
+                    // Keep draining after a failure so the sender never blocks on it.
+                    if first.is_none() {
+                        first = batch.iter().find_map(round_trip_fault);
+                    }
+                }
+                first
+            })
+            .expect("spawn the codec check thread");
+        Self {
+            batch: Vec::with_capacity(CODEC_BATCH),
+            tx,
+            worker,
+        }
+    }
+
+    fn push(&mut self, payload: &Payload) {
+        if matches!(payload, Payload::GsHits(_) | Payload::GsRemaining(_)) {
+            // The global-sync baseline is not Foldgate's protocol and has no envelope.
+            return;
+        }
+        self.batch.push(payload.clone());
+        if self.batch.len() >= CODEC_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(CODEC_BATCH));
+        // A send fails only if the worker is gone, which `finish` reports.
+        let _ = self.tx.send(batch);
+    }
+
+    fn finish(mut self) -> Option<String> {
+        self.flush();
+        drop(self.tx);
+        match self.worker.join() {
+            Ok(fault) => fault,
+            Err(_) => Some("the codec check thread panicked".into()),
+        }
+    }
+}
+
 struct Scheduled {
     at_us: u64,
     seq: u64,
@@ -84,6 +150,7 @@ pub struct Bus {
     queue: BinaryHeap<Scheduled>,
     seq: u64,
     cut: bool,
+    codec: Option<CodecCheck>,
     pub stats: BusStats,
 }
 
@@ -109,6 +176,7 @@ impl Bus {
             queue: BinaryHeap::new(),
             seq: 0,
             cut: false,
+            codec: params.codec.then(CodecCheck::start),
             stats: BusStats::default(),
         }
     }
@@ -163,7 +231,8 @@ impl Bus {
         });
     }
 
-    /// The next delivery due at or before `now_us`, already through the codec if asked.
+    /// The next delivery due at or before `now_us` (its envelope queued for the codec
+    /// check if asked).
     pub fn pop_due(&mut self, now_us: u64) -> Option<(Target, Payload)> {
         loop {
             if self.queue.peek()?.at_us > now_us {
@@ -175,12 +244,10 @@ impl Bus {
                 continue;
             }
             self.stats.delivered += 1;
-            let payload = if self.params.codec {
-                through_codec(s.payload)
-            } else {
-                s.payload
-            };
-            return Some((s.target, payload));
+            if let Some(codec) = self.codec.as_mut() {
+                codec.push(&s.payload);
+            }
+            return Some((s.target, s.payload));
         }
     }
 
@@ -209,18 +276,113 @@ impl Bus {
     }
 }
 
-fn round_trip<E: Envelope>(value: E) -> E {
-    E::decode(&value.encode()).expect("the simulator only sends valid envelopes")
+impl Bus {
+    /// Ends the codec check: `Some` describes the first envelope the wire format did not
+    /// give back exactly (the run then has a violation).
+    pub fn finish(&mut self) -> Option<String> {
+        self.codec.take().and_then(CodecCheck::finish)
+    }
 }
 
-/// Every Foldgate envelope crosses the real wire format, as it would on NATS. The
-/// global-sync baseline is not Foldgate's protocol and has no envelope.
-fn through_codec(payload: Payload) -> Payload {
+fn round_trip<E: Envelope + PartialEq + std::fmt::Debug>(value: &E) -> Option<String> {
+    match E::decode(&value.encode()) {
+        Ok(back) if back == *value => None,
+        Ok(back) => Some(format!(
+            "codec: a {} came back changed: sent {value:?}, decoded {back:?}",
+            E::KIND
+        )),
+        Err(e) => Some(format!("codec: a {} did not decode: {e}", E::KIND)),
+    }
+}
+
+/// Every Foldgate envelope crosses the real wire format, as it would on NATS.
+fn round_trip_fault(payload: &Payload) -> Option<String> {
     match payload {
-        Payload::Report(r) => Payload::Report(round_trip(r)),
-        Payload::Grant(g) => Payload::Grant(round_trip(g)),
-        Payload::FastPathRequest(f) => Payload::FastPathRequest(round_trip(f)),
-        Payload::FastPathReply(f) => Payload::FastPathReply(round_trip(f)),
-        other => other,
+        Payload::Report(r) => round_trip(r),
+        Payload::Grant(g) => round_trip(g),
+        Payload::FastPathRequest(f) => round_trip(f),
+        Payload::FastPathReply(f) => round_trip(f),
+        Payload::GsHits(_) | Payload::GsRemaining(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bus_schemas::{
+        KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
+        WindowId,
+    };
+
+    use super::*;
+
+    fn report(entries: usize) -> Payload {
+        let entry = ReportEntry {
+            key_window: KeyWindow {
+                key: KeyId {
+                    version: 1,
+                    digest: 7,
+                },
+                window: WindowId {
+                    length_ms: 1_000,
+                    number: 42,
+                },
+            },
+            allowance: 40,
+            cumulative_spend: 3,
+            demand: 1_500,
+            held_credit: 2,
+            applied_grant: 5,
+            returned: 0,
+            self_granted: 0,
+        };
+        Payload::Report(ReportBatch {
+            node: NodeId(3),
+            node_epoch: NodeEpoch(1),
+            seq: 9,
+            shard: ShardId(0),
+            sent_at_ms: 1_000,
+            owner_epoch_seen: OwnerEpoch(1),
+            // The same line twice is a batch the wire format refuses (B2).
+            entries: vec![entry; entries],
+        })
+    }
+
+    fn params() -> BusParams {
+        BusParams {
+            loss_pct: 0.0,
+            dup_pct: 0.0,
+            reorder_pct: 0.0,
+            base_us: 150,
+            jitter_mean_us: 100.0,
+            reorder_max_us: 0,
+            codec: true,
+        }
+    }
+
+    #[test]
+    fn the_codec_check_passes_what_round_trips_and_names_what_does_not() {
+        let mut bus = Bus::new(params(), 1);
+        for _ in 0..3 * CODEC_BATCH {
+            bus.send(0, Target::Owner(0), report(1));
+        }
+        while bus.pop_due(u64::MAX).is_some() {}
+        assert_eq!(bus.finish(), None);
+
+        let mut bus = Bus::new(params(), 1);
+        bus.send(0, Target::Owner(0), report(1));
+        bus.send(0, Target::Owner(0), report(2));
+        // What is delivered is what was sent; the check reports the fault at the end.
+        let mut sizes = Vec::new();
+        while let Some((_, payload)) = bus.pop_due(u64::MAX) {
+            if let Payload::Report(r) = payload {
+                sizes.push(r.entries.len());
+            }
+        }
+        sizes.sort_unstable();
+        assert_eq!(sizes, [1, 2]);
+        let fault = bus
+            .finish()
+            .expect("a batch the wire format refuses is a fault");
+        assert!(fault.contains("report_batch"), "{fault}");
     }
 }

@@ -1311,6 +1311,9 @@ impl Sim {
                 self.counts.add_owner(owner);
             }
         }
+        if let Some(fault) = self.bus.finish() {
+            self.violation(sim_ms, fault);
+        }
         self.counts.bus_sent = self.bus.stats.sent;
         self.counts.bus_lost = self.bus.stats.lost;
         self.counts.bus_cut = self.bus.stats.cut;
