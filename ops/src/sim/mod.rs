@@ -38,7 +38,7 @@ use gateway_node::{
 
 use bus::{Bus, BusParams, FastPathFate, Payload, Target};
 use global_sync::{GsNode, GsOwner};
-use oracle::{Accuracy, Books, ClosedKw, round4};
+use oracle::{Accuracy, Books, BooksThread, ClosedKw, round4};
 use traffic::Traffic;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -556,7 +556,7 @@ struct Sim {
     nodes: Vec<SimNode>,
     owners: Vec<SimOwner>,
     bus: Bus,
-    books: Books,
+    books: BooksThread,
     counts: Counts,
     violations: Vec<String>,
     violation_count: u64,
@@ -699,7 +699,7 @@ impl Sim {
         };
         Ok(Self {
             bus: Bus::new(params, cfg.seed),
-            books: Books::new(keys.clone(), plan.to_vec()),
+            books: BooksThread::start(Books::new(keys.clone(), plan.to_vec())),
             policy,
             plan,
             keys,
@@ -1319,6 +1319,7 @@ impl Sim {
         self.counts.bus_cut = self.bus.stats.cut;
         let closed = self
             .books
+            .finish()
             .closed(WALL0_MS + self.cfg.warmup_s * 1_000, WALL0_MS + sim_ms);
         let mut violations = self.violations;
         if self.violation_count > violations.len() as u64 {
