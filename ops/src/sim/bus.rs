@@ -50,60 +50,24 @@ const CODEC_BATCHES_QUEUED: usize = 64;
 /// sent, so its output is the same whether or not the check runs, and a codec that
 /// changed an envelope fails the run (`Bus::finish`) rather than quietly steering it. The
 /// round trip was a fifth of a single-threaded run's time.
-struct CodecCheck {
-    batch: Vec<Payload>,
-    tx: std::sync::mpsc::SyncSender<Vec<Payload>>,
-    worker: std::thread::JoinHandle<Option<String>>,
-}
+type CodecCheck = super::offload::Offload<Payload, Option<String>>;
 
-impl CodecCheck {
-    fn start() -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Payload>>(CODEC_BATCHES_QUEUED);
-        let worker = std::thread::Builder::new()
-            .name("sim-codec-check".into())
-            .spawn(move || {
-                let mut first = None;
-                for batch in rx {
-                    // Keep draining after a failure so the sender never blocks on it.
-                    if first.is_none() {
-                        first = batch.iter().find_map(round_trip_fault);
-                    }
+fn start_codec_check() -> CodecCheck {
+    CodecCheck::start(
+        "sim-codec-check",
+        CODEC_BATCH,
+        CODEC_BATCHES_QUEUED,
+        |batches| {
+            let mut first = None;
+            for batch in batches {
+                // Keep draining after a fault so the run never waits on it.
+                if first.is_none() {
+                    first = batch.iter().find_map(round_trip_fault);
                 }
-                first
-            })
-            .expect("spawn the codec check thread");
-        Self {
-            batch: Vec::with_capacity(CODEC_BATCH),
-            tx,
-            worker,
-        }
-    }
-
-    fn push(&mut self, payload: &Payload) {
-        if matches!(payload, Payload::GsHits(_) | Payload::GsRemaining(_)) {
-            // The global-sync baseline is not Foldgate's protocol and has no envelope.
-            return;
-        }
-        self.batch.push(payload.clone());
-        if self.batch.len() >= CODEC_BATCH {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(CODEC_BATCH));
-        // A send fails only if the worker is gone, which `finish` reports.
-        let _ = self.tx.send(batch);
-    }
-
-    fn finish(mut self) -> Option<String> {
-        self.flush();
-        drop(self.tx);
-        match self.worker.join() {
-            Ok(fault) => fault,
-            Err(_) => Some("the codec check thread panicked".into()),
-        }
-    }
+            }
+            first
+        },
+    )
 }
 
 struct Scheduled {
@@ -176,7 +140,7 @@ impl Bus {
             queue: BinaryHeap::new(),
             seq: 0,
             cut: false,
-            codec: params.codec.then(CodecCheck::start),
+            codec: params.codec.then(start_codec_check),
             stats: BusStats::default(),
         }
     }
@@ -244,8 +208,11 @@ impl Bus {
                 continue;
             }
             self.stats.delivered += 1;
-            if let Some(codec) = self.codec.as_mut() {
-                codec.push(&s.payload);
+            if let Some(codec) = self.codec.as_mut()
+                && !matches!(s.payload, Payload::GsHits(_) | Payload::GsRemaining(_))
+            {
+                // The global-sync baseline is not Foldgate's protocol and has no envelope.
+                codec.push(s.payload.clone());
             }
             return Some((s.target, s.payload));
         }
@@ -280,7 +247,10 @@ impl Bus {
     /// Ends the codec check: `Some` describes the first envelope the wire format did not
     /// give back exactly (the run then has a violation).
     pub fn finish(&mut self) -> Option<String> {
-        self.codec.take().and_then(CodecCheck::finish)
+        let check = self.codec.take()?;
+        check
+            .finish()
+            .unwrap_or_else(|_| Some("codec: the check thread panicked".into()))
     }
 }
 

@@ -21,6 +21,7 @@
 
 pub mod bus;
 pub mod global_sync;
+pub mod offload;
 pub mod oracle;
 pub mod rng;
 pub mod traffic;

@@ -160,68 +160,45 @@ const BOOKING_BATCHES_QUEUED: usize = 16;
 
 /// The books kept on a second thread. The run only tells them what happened (nothing it
 /// does reads them back until the end), so they can take their cache misses beside it;
-/// a batch carries bookings in the run's order, which is all the oracle needs (it sees
-/// requests in true-time order because the run offers them so).
-pub struct BooksThread {
-    batch: Vec<Booking>,
-    tx: std::sync::mpsc::SyncSender<Vec<Booking>>,
-    worker: std::thread::JoinHandle<Books>,
-}
+/// bookings arrive in the run's order, which is all the oracle needs (it sees requests in
+/// true-time order because the run offers them so).
+pub struct BooksThread(super::offload::Offload<Booking, Books>);
 
 impl BooksThread {
     pub fn start(mut books: Books) -> Self {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Booking>>(BOOKING_BATCHES_QUEUED);
-        let worker = std::thread::Builder::new()
-            .name("sim-books".into())
-            .spawn(move || {
-                for batch in rx {
-                    for b in batch {
-                        match b {
-                            Booking::Offered { k, wall_ms } => {
-                                books.offer(k, wall_ms);
-                            }
-                            Booking::Admitted { k, node_wall_ms } => {
-                                books.admitted(k, node_wall_ms);
-                            }
+        Self(super::offload::Offload::start(
+            "sim-books",
+            BOOKING_BATCH,
+            BOOKING_BATCHES_QUEUED,
+            move |batches| {
+                for b in batches.flatten() {
+                    match b {
+                        Booking::Offered { k, wall_ms } => {
+                            books.offer(k, wall_ms);
+                        }
+                        Booking::Admitted { k, node_wall_ms } => {
+                            books.admitted(k, node_wall_ms);
                         }
                     }
                 }
                 books
-            })
-            .expect("spawn the books thread");
-        Self {
-            batch: Vec::with_capacity(BOOKING_BATCH),
-            tx,
-            worker,
-        }
-    }
-
-    fn push(&mut self, b: Booking) {
-        self.batch.push(b);
-        if self.batch.len() >= BOOKING_BATCH {
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BOOKING_BATCH));
-            self.tx
-                .send(batch)
-                .expect("the books thread outlives the run");
-        }
+            },
+        ))
     }
 
     /// A request offered at true time `wall_ms` (see `Books::offer`).
     pub fn offer(&mut self, k: u32, wall_ms: u64) {
-        self.push(Booking::Offered { k, wall_ms });
+        self.0.push(Booking::Offered { k, wall_ms });
     }
 
     /// A request the limiter admitted (see `Books::admitted`).
     pub fn admitted(&mut self, k: u32, node_wall_ms: u64) {
-        self.push(Booking::Admitted { k, node_wall_ms });
+        self.0.push(Booking::Admitted { k, node_wall_ms });
     }
 
     /// Every booking taken in: the books, as `Books::closed` reads them.
     pub fn finish(self) -> Books {
-        let Self { batch, tx, worker } = self;
-        tx.send(batch).expect("the books thread outlives the run");
-        drop(tx);
-        worker.join().expect("the books thread does not panic")
+        self.0.finish().expect("the books thread does not panic")
     }
 }
 
