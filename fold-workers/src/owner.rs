@@ -39,6 +39,18 @@ pub struct OwnerConfig {
     pub burst_sigmas: u64,
     /// C5: reserve, thousandths of the allowance.
     pub reserve_permille: u64,
+    /// A key-window that at least this many node epochs report demand for is spread
+    /// thin (see `spread_demand_milli`).
+    pub spread_lines: u64,
+    /// In a key-window spread thin, a line whose demand is under this (thousandths of a
+    /// request per round) takes a reported rise to at most one request a round in as the
+    /// node's own smoothing does, an eighth of the step, instead of at once. A node
+    /// reports its last round's count when that is above its smoothed rate, so the one
+    /// request that a node of a key spread over the fleet sees every second or so reads
+    /// as a request every round, and the grant sized from it (two to three units of a
+    /// 40-unit window) sits on that node while the pool runs dry for the next one (C4,
+    /// A2).
+    pub spread_demand_milli: u64,
     /// C8: rounds a reappearing or self-granting node is withheld.
     pub withhold_rounds: u64,
     /// A node unseen this many rounds counts as absent.
@@ -68,6 +80,8 @@ impl OwnerConfig {
             lead_window_divisor: 20,
             burst_sigmas: 2,
             reserve_permille: 20,
+            spread_lines: 6,
+            spread_demand_milli: 250,
             withhold_rounds: 1,
             absent_after_rounds: 2,
             takeover_ack_timeout_ms: None,
@@ -87,6 +101,16 @@ impl OwnerConfig {
 
     fn fixed_share(&self, allowance: u64) -> u64 {
         allowance * (1_000 - self.reserve_permille) / 1_000 / u64::from(self.fleet_size)
+    }
+
+    /// A line's demand after a report of `reported`, from `held` (see
+    /// `spread_demand_milli`); `thin`: its key-window is spread thin.
+    fn line_demand(&self, thin: bool, held: u64, reported: u64) -> u64 {
+        if thin && held < self.spread_demand_milli && reported > held && reported <= 1_000 {
+            held + (reported - held).div_ceil(8)
+        } else {
+            reported
+        }
     }
 }
 
@@ -235,6 +259,12 @@ impl Ledger {
             OwnerMode::Leasing => 0,
         };
         lines + unseen_shares
+    }
+
+    /// See `OwnerConfig::spread_lines`.
+    fn spread_thin(&self, config: &OwnerConfig) -> bool {
+        config.mode == OwnerMode::Leasing
+            && self.lines.values().filter(|l| l.demand > 0).count() as u64 >= config.spread_lines
     }
 
     fn available(&self, config: &OwnerConfig) -> u64 {
@@ -423,6 +453,7 @@ impl FoldOwner {
             }
         };
         ledger.allowance = ledger.allowance.min(entry.allowance);
+        let thin = ledger.spread_thin(&self.config);
         let (line, is_new_line) = ledger.lines.get_or_insert((node, epoch));
         if is_new_line && self.config.mode == OwnerMode::Fixed {
             ledger.fixed_nodes_seen += 1;
@@ -435,7 +466,7 @@ impl FoldOwner {
             entry.self_granted > line.self_granted && self.config.mode == OwnerMode::Leasing;
         line.seq = seq;
         line.spend = line.spend.max(entry.cumulative_spend);
-        line.demand = entry.demand;
+        line.demand = self.config.line_demand(thin, line.demand, entry.demand);
         line.applied = line.applied.max(entry.applied_grant);
         line.returned = line.returned.max(entry.returned);
         line.self_granted = line.self_granted.max(entry.self_granted);
@@ -682,14 +713,22 @@ impl FoldOwner {
             .and_then(|l| l.lines.get(&(req.node, req.node_epoch)))
             .map(|l| l.seq);
         self.merge(req.node, req.node_epoch, seq.unwrap_or(0), &req.entry, now);
-        if let Some(line) = self
-            .ledgers
-            .get_mut(&req.entry.key_window)
-            .and_then(|l| l.lines.get_mut(&(req.node, req.node_epoch)))
-        {
-            line.spend = line.spend.max(req.entry.cumulative_spend);
-            line.applied = line.applied.max(req.entry.applied_grant);
-            line.demand = line.demand.max(req.entry.demand);
+        if let Some(ledger) = self.ledgers.get_mut(&req.entry.key_window) {
+            let thin = ledger.spread_thin(&self.config);
+            if let Some(line) = ledger.lines.get_mut(&(req.node, req.node_epoch)) {
+                line.spend = line.spend.max(req.entry.cumulative_spend);
+                line.applied = line.applied.max(req.entry.applied_grant);
+                // The request advertises the key's busiest demand and its recent peak
+                // (a burst's first sign); for a line of a key spread thin that is the
+                // same one-round reading `line_demand` smooths, at most a request a
+                // round: the grant goes to the requester's request, not ahead of it.
+                line.demand = if thin && line.demand < self.config.spread_demand_milli {
+                    let reported = req.entry.demand.min(1_000);
+                    line.demand + reported.saturating_sub(line.demand).div_ceil(8)
+                } else {
+                    line.demand.max(req.entry.demand)
+                };
+            }
         }
         if self.withheld(req.node, now) {
             self.stats.withheld += 1;
