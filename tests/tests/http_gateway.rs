@@ -134,8 +134,8 @@ async fn the_429_contract_sub_second_multi_second_and_both_windows() {
     // The loop below runs up to 2 s: started less than that before key 1's 60 s boundary,
     // it could see two 60 s windows (3 each) and the bound below would not hold: start it
     // in the fresh window then. (A full-suite run on 2026-12-04 failed here with 6
-    // admitted; the test alone passed every time after, as a boundary that falls in the
-    // loop 2 s out of 60 would have it.)
+    // admitted; starting the loop 100 ms before the boundary gives exactly that, 1.2 s
+    // before it the exhaustion notice comes first and it passes.)
     let wall_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
