@@ -1,20 +1,13 @@
 //! C10: a hot key's reports go to the hot lane and are folded at the tick; every other
 //! key's grant still leaves in reply to its report.
 
-use bus_schemas::{
-    KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
-    WindowId,
-};
-use fold_workers::{FoldOwner, OwnerConfig};
+mod common;
+
+use bus_schemas::{KeyWindow, NodeId, Now, ReportEntry, WindowId};
+use common::{batch, key, line};
+use fold_workers::FoldOwner;
 
 const NODES: u32 = 20;
-
-fn key(i: u128) -> KeyId {
-    KeyId {
-        version: 1,
-        digest: i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
-    }
-}
 
 fn kw(i: u128, now: Now) -> KeyWindow {
     KeyWindow {
@@ -30,29 +23,17 @@ fn kw(i: u128, now: Now) -> KeyWindow {
 /// A line from a node that has spent every unit of the `spent` credit it was granted.
 fn entry(kw: KeyWindow, spent: u64) -> ReportEntry {
     ReportEntry {
-        key_window: kw,
-        allowance: 1_000_000,
         cumulative_spend: spent,
         demand: 10_000,
-        held_credit: 0,
         applied_grant: spent,
-        returned: 0,
-        self_granted: 0,
+        ..line(kw, 1_000_000)
     }
 }
 
 #[test]
 fn a_hot_key_is_folded_once_per_round_and_the_others_at_once() {
-    let mut now = Now {
-        wall_ms: 1_764_720_030_000,
-        mono_ms: 10_000,
-    };
-    let config = OwnerConfig {
-        shards: 1,
-        fleet_size: NODES,
-        ..OwnerConfig::reference(ShardId(0))
-    };
-    let mut owner = FoldOwner::new(config, OwnerEpoch(1), now, false);
+    let mut now = common::START;
+    let mut owner = common::owner(NODES);
     let mut seq = 0;
     let mut hot_total = [0u64; NODES as usize];
     let round = |owner: &mut FoldOwner,
@@ -70,18 +51,7 @@ fn a_hot_key_is_folded_once_per_round_and_the_others_at_once() {
             entries.extend(
                 (1..=2).map(|j| entry(kw(u128::from(*seq as u32 * 100 + n * 2 + j), now), 0)),
             );
-            owner.handle_report_batch(
-                now,
-                &ReportBatch {
-                    node: NodeId(n),
-                    node_epoch: NodeEpoch(1),
-                    seq: *seq,
-                    shard: ShardId(0),
-                    sent_at_ms: now.wall_ms,
-                    owner_epoch_seen: OwnerEpoch(1),
-                    entries,
-                },
-            );
+            owner.handle_report_batch(now, &batch(n, *seq, now, entries));
             while let Some(g) = owner.poll_grant() {
                 for e in &g.entries {
                     if e.key_window.key == key(0) {

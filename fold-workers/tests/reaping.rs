@@ -2,20 +2,12 @@
 //! order windows of different lengths and phases end in (the owner pops them from a queue
 //! ordered by end time instead of walking every ledger).
 
-use bus_schemas::{
-    KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
-    WindowId,
-};
-use fold_workers::{FoldOwner, OwnerConfig};
+mod common;
+
+use bus_schemas::{KeyWindow, Now, ReportEntry, WindowId};
+use common::{batch, key, line};
 
 const ROUND_MS: u64 = 25;
-
-fn key(i: u128) -> KeyId {
-    KeyId {
-        version: 1,
-        digest: i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
-    }
-}
 
 /// The window of `length_ms` open at `wall_ms` for key `i`, and when it ends.
 fn open_window(i: u128, length_ms: u32, wall_ms: u64) -> (KeyWindow, u64) {
@@ -32,16 +24,8 @@ fn open_window(i: u128, length_ms: u32, wall_ms: u64) -> (KeyWindow, u64) {
 
 #[test]
 fn ledgers_go_two_rounds_after_their_window_ends_in_end_order() {
-    let start = Now {
-        wall_ms: 1_764_720_030_000,
-        mono_ms: 10_000,
-    };
-    let config = OwnerConfig {
-        shards: 1,
-        fleet_size: 2,
-        ..OwnerConfig::reference(ShardId(0))
-    };
-    let mut owner = FoldOwner::new(config, OwnerEpoch(1), start, false);
+    let start = common::START;
+    let mut owner = common::owner(2);
     // Keys of two lengths at assorted phases, so end times interleave with length.
     let windows: Vec<(KeyWindow, u64)> = (0..40u128)
         .map(|i| open_window(i, if i % 3 == 0 { 60_000 } else { 1_000 }, start.wall_ms))
@@ -49,28 +33,12 @@ fn ledgers_go_two_rounds_after_their_window_ends_in_end_order() {
     let entries: Vec<ReportEntry> = windows
         .iter()
         .map(|(kw, _)| ReportEntry {
-            key_window: *kw,
-            allowance: 100,
             cumulative_spend: 1,
             demand: 1_000,
-            held_credit: 0,
-            applied_grant: 0,
-            returned: 0,
-            self_granted: 0,
+            ..line(*kw, 100)
         })
         .collect();
-    owner.handle_report_batch(
-        start,
-        &ReportBatch {
-            node: NodeId(0),
-            node_epoch: NodeEpoch(1),
-            seq: 1,
-            shard: ShardId(0),
-            sent_at_ms: start.wall_ms,
-            owner_epoch_seen: OwnerEpoch(1),
-            entries,
-        },
-    );
+    owner.handle_report_batch(start, &batch(0, 1, start, entries));
     for (kw, _) in &windows {
         assert_eq!(owner.merged_spend(kw), Some(1), "{kw:?} folded");
     }

@@ -1,11 +1,11 @@
 //! C4: a key spread thin over the fleet (`OwnerConfig::spread_lines`) is granted from
 //! its nodes' smoothed demand, not from the one request a node saw last round.
 
-use bus_schemas::{
-    KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
-    WindowId,
-};
-use fold_workers::{FoldOwner, OwnerConfig};
+mod common;
+
+use bus_schemas::{KeyId, KeyWindow, NodeId, Now, ReportEntry, WindowId};
+use common::{batch, line};
+use fold_workers::FoldOwner;
 
 fn kw(key: u128, now: Now) -> KeyWindow {
     KeyWindow {
@@ -23,27 +23,11 @@ fn kw(key: u128, now: Now) -> KeyWindow {
 
 /// What node `node` is granted for `kw` in reply to a line advertising `demand`.
 fn report(owner: &mut FoldOwner, now: Now, node: u32, kw: KeyWindow, demand: u64) -> u64 {
-    owner.handle_report_batch(
-        now,
-        &ReportBatch {
-            node: NodeId(node),
-            node_epoch: NodeEpoch(1),
-            seq: 1,
-            shard: ShardId(0),
-            sent_at_ms: now.wall_ms,
-            owner_epoch_seen: OwnerEpoch(1),
-            entries: vec![ReportEntry {
-                key_window: kw,
-                allowance: 40,
-                cumulative_spend: 0,
-                demand,
-                held_credit: 0,
-                applied_grant: 0,
-                returned: 0,
-                self_granted: 0,
-            }],
-        },
-    );
+    let entry = ReportEntry {
+        demand,
+        ..line(kw, 40)
+    };
+    owner.handle_report_batch(now, &batch(node, 1, now, vec![entry]));
     let mut granted = 0;
     while let Some(batch) = owner.poll_grant() {
         for g in batch.entries {
@@ -57,17 +41,9 @@ fn report(owner: &mut FoldOwner, now: Now, node: u32, kw: KeyWindow, demand: u64
 
 #[test]
 fn one_request_at_a_node_of_a_thinly_spread_key_is_not_a_request_every_round() {
-    let now = Now {
-        wall_ms: 1_764_720_030_000,
-        mono_ms: 10_000,
-    };
-    let config = OwnerConfig {
-        shards: 1,
-        fleet_size: 20,
-        ..OwnerConfig::reference(ShardId(0))
-    };
-    let spread = config.spread_lines as u32;
-    let mut owner = FoldOwner::new(config, OwnerEpoch(1), now, false);
+    let now = common::START;
+    let spread = common::config(20).spread_lines as u32;
+    let mut owner = common::owner(20);
     // Key 1: as many nodes as make it thin, each seeing a request every few rounds.
     let thin = kw(1, now);
     for n in 0..spread {
