@@ -107,11 +107,17 @@ impl OwnerConfig {
     /// `spread_demand_milli`); `thin`: its key-window is spread thin.
     fn line_demand(&self, thin: bool, held: u64, reported: u64) -> u64 {
         if thin && held < self.spread_demand_milli && reported > held && reported <= 1_000 {
-            held + (reported - held).div_ceil(8)
+            smoothed_rise(held, reported)
         } else {
             reported
         }
     }
+}
+
+/// A rise from `held` to `reported` taken in as the node's own smoothing takes a round's
+/// sample: an eighth of the step, rounded up (never a fall).
+fn smoothed_rise(held: u64, reported: u64) -> u64 {
+    held + reported.saturating_sub(held).div_ceil(8)
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -723,8 +729,7 @@ impl FoldOwner {
                 // same one-round reading `line_demand` smooths, at most a request a
                 // round: the grant goes to the requester's request, not ahead of it.
                 line.demand = if thin && line.demand < self.config.spread_demand_milli {
-                    let reported = req.entry.demand.min(1_000);
-                    line.demand + reported.saturating_sub(line.demand).div_ceil(8)
+                    smoothed_rise(line.demand, req.entry.demand.min(1_000))
                 } else {
                     line.demand.max(req.entry.demand)
                 };
