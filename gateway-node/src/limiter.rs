@@ -390,6 +390,63 @@ impl KeyTrack {
     }
 }
 
+/// The part of a `KeyTrack` that quiet rounds move and `schedule` reads: `observe(r, 0,
+/// ..)` run forward on a clone of the whole track cost a tenth of the simulator's main
+/// thread (BENCHMARKS.md), most of it on fields a quiet round leaves alone or `schedule`
+/// never looks at (the short counters, the recent peak, the wanted rounds). Kept exact:
+/// `a_quiet_run_finds_the_round_a_forward_run_of_observe_finds` holds it to `observe`.
+#[derive(Clone, Copy, Debug)]
+struct QuietRun {
+    demand_milli: [u64; PLAN_WINDOWS_MAX],
+    last_round_milli: [u64; PLAN_WINDOWS_MAX],
+    idle_rounds: u32,
+    quiet_from_milli: u64,
+}
+
+impl QuietRun {
+    fn of(track: &KeyTrack) -> Self {
+        Self {
+            demand_milli: track.demand_milli,
+            last_round_milli: track.last_round_milli,
+            idle_rounds: track.idle_rounds,
+            quiet_from_milli: track.quiet_from_milli,
+        }
+    }
+
+    /// The first of the quiet rounds 1..`rounds` after which the key is due: a window
+    /// hands idle credit back (`KeyTrack::idle`) or a line's demand (`KeyTrack::demand`)
+    /// has left the band it is in now.
+    fn first_due(mut self, rounds: u64, idle_min: u32, idle_cap: u32) -> Option<u64> {
+        let demand = |r: &Self, slot: usize| r.demand_milli[slot].max(r.last_round_milli[slot]);
+        let bands: [u32; PLAN_WINDOWS_MAX] =
+            std::array::from_fn(|slot| demand_band(demand(&self, slot)));
+        for j in 1..rounds {
+            if self.idle_rounds == 0 {
+                self.quiet_from_milli = self.demand_milli.iter().copied().max().unwrap_or(0);
+            }
+            let mut moved = [false; PLAN_WINDOWS_MAX];
+            for (slot, d) in self.demand_milli.iter_mut().enumerate() {
+                let before = *d;
+                *d -= before.div_ceil(8);
+                moved[slot] = demand_band(before) != demand_band(*d);
+            }
+            self.last_round_milli = [0; PLAN_WINDOWS_MAX];
+            self.idle_rounds = self.idle_rounds.saturating_add(1);
+            let idle_after =
+                NodeLimiter::idle_return_after(idle_min, idle_cap, self.quiet_from_milli);
+            let idle = (0..PLAN_WINDOWS_MAX).any(|slot| {
+                self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || moved[slot])
+            });
+            let band_moved =
+                (0..PLAN_WINDOWS_MAX).any(|slot| demand_band(demand(&self, slot)) != bands[slot]);
+            if idle || band_moved {
+                return Some(j);
+            }
+        }
+        None
+    }
+}
+
 /// Everything the reconciler keeps for one key: its demand track and the book of each of
 /// its key-windows (the current window of each plan slot, a prefetched next one, closed
 /// ones awaiting their final reports: a handful). Grouped by key, a round's passes look a
@@ -1113,18 +1170,8 @@ impl NodeLimiter {
             && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
         {
             let limit = due.min(horizon).saturating_sub(round);
-            let bands: [u32; PLAN_WINDOWS_MAX] =
-                std::array::from_fn(|slot| demand_band(track.demand(slot)));
-            let mut t = track.clone();
-            for j in 1..limit {
-                let moved = t.observe(round + j, 0, t.last_shorts);
-                let idle = t.idle(moved, idle_min, idle_cap);
-                let band_moved =
-                    (0..PLAN_WINDOWS_MAX).any(|slot| demand_band(t.demand(slot)) != bands[slot]);
-                if band_moved || idle.iter().any(|i| *i) {
-                    due = due.min(round + j);
-                    break;
-                }
+            if let Some(j) = QuietRun::of(track).first_due(limit, idle_min, idle_cap) {
+                due = due.min(round + j);
             }
         }
         if due == u64::MAX {
@@ -2231,6 +2278,63 @@ mod tests {
             mono_ms: t0.mono_ms + 25,
         });
         assert!(node.dirty.is_empty() && !node.visit_all);
+    }
+
+    /// `QuietRun` is `schedule`'s shortcut for running `observe(r, 0, ..)` forward on a
+    /// clone of the track: for tracks left by varied traffic (a burst per short window
+    /// and a one-window key included), at every quiet round count and idle setting, both
+    /// name the same first due round.
+    #[test]
+    fn a_quiet_run_finds_the_round_a_forward_run_of_observe_finds() {
+        let forward = |track: &KeyTrack, rounds: u64, idle_min: u32, idle_cap: u32| {
+            let bands: [u32; super::PLAN_WINDOWS_MAX] =
+                std::array::from_fn(|slot| super::demand_band(track.demand(slot)));
+            let mut t = track.clone();
+            (1..rounds).find(|j| {
+                let moved = t.observe(100 + j, 0, t.last_shorts);
+                let idle = t.idle(moved, idle_min, idle_cap);
+                idle.iter().any(|i| *i)
+                    || (0..super::PLAN_WINDOWS_MAX)
+                        .any(|slot| super::demand_band(t.demand(slot)) != bands[slot])
+            })
+        };
+        let mut checked = 0;
+        let mut found = 0;
+        for seed in 0..400u64 {
+            let mut track = KeyTrack::default();
+            let mut shorts = [0u32; super::PLAN_WINDOWS_MAX + 1];
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = |m: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % m
+            };
+            let busy = 1 + next(30);
+            for round in 1..=busy {
+                let delta = if next(3) == 0 { 0 } else { next(12) };
+                // Some decisions stopped by one window only: its demand differs.
+                shorts[0] = shorts[0].wrapping_add(u32::try_from(next(delta + 1)).unwrap());
+                track.observe(round, delta, shorts);
+            }
+            for (idle_min, idle_cap) in [(2u32, 8u32), (8, 8), (1, 30)] {
+                for rounds in [1u64, 2, 5, 31] {
+                    let want = forward(&track, rounds, idle_min, idle_cap);
+                    let got = super::QuietRun::of(&track).first_due(rounds, idle_min, idle_cap);
+                    assert_eq!(
+                        got, want,
+                        "seed {seed} idle {idle_min}/{idle_cap} rounds {rounds}"
+                    );
+                    checked += 1;
+                    found += usize::from(want.is_some());
+                }
+            }
+        }
+        // Both outcomes are exercised, or the test proves nothing.
+        assert!(
+            found > checked / 10 && found < checked,
+            "{found} of {checked}"
+        );
     }
 
     /// A key not visited for n rounds takes them in at its next visit: the shortcut
