@@ -176,7 +176,7 @@ enum Place {
 }
 
 /// What a line said when it was last reported: a line is due again when any of it changed.
-/// Demand counts as changed only when it leaves its factor-of-two band (see `demand_band`).
+/// Demand counts as changed only when it leaves its band (see `line_band`).
 /// A grant applied, and the credit it added to the word, do not make a line due on their
 /// own: the owner that issued it knows it (it counts `max(granted, applied)`), a new owner
 /// gets every line in a full report (C8), and the refresh re-sends it within
@@ -419,7 +419,7 @@ impl QuietRun {
     fn first_due(mut self, rounds: u64, idle_min: u32, idle_cap: u32) -> Option<u64> {
         let demand = |r: &Self, slot: usize| r.demand_milli[slot].max(r.last_round_milli[slot]);
         let bands: [u32; PLAN_WINDOWS_MAX] =
-            std::array::from_fn(|slot| demand_band(demand(&self, slot)));
+            std::array::from_fn(|slot| line_band(demand(&self, slot)));
         for j in 1..rounds {
             if self.idle_rounds == 0 {
                 self.quiet_from_milli = self.demand_milli.iter().copied().max().unwrap_or(0);
@@ -438,7 +438,7 @@ impl QuietRun {
                 self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || moved[slot])
             });
             let band_moved =
-                (0..PLAN_WINDOWS_MAX).any(|slot| demand_band(demand(&self, slot)) != bands[slot]);
+                (0..PLAN_WINDOWS_MAX).any(|slot| line_band(demand(&self, slot)) != bands[slot]);
             if idle || band_moved {
                 return Some(j);
             }
@@ -592,10 +592,29 @@ const WHEEL_ROUNDS: u64 = 32;
 /// Smoothed demand moves every round as it decays, and a line re-sent only for that made
 /// almost every line of a quiet key due every round (C4 sizes a grant as h x demand, with h
 /// = 1.25 of headroom, so the owner gains little from a step of 12%). A band is a power of
-/// two: a line is re-sent when its demand halves or doubles, reaches 0 or leaves it. Any
-/// line sent for another reason carries the exact demand.
+/// two: demand has left its band when it halves or doubles, reaches 0 or leaves it. The
+/// idle return follows these bands (`KeyTrack::idle`); a line's report follows
+/// `line_band`. Any line sent for another reason carries the exact demand.
 fn demand_band(demand: u64) -> u32 {
     u64::BITS - demand.leading_zeros()
+}
+
+/// Below this demand (thousandths of a request per round: one request in four rounds) a
+/// line is not re-sent for a change of band, only for reaching 0 or leaving it. Down
+/// there the owner's grant for it is a unit or two whatever the band (C4: h x demand x
+/// lead plus two standard deviations of Poisson arrivals, rounded up), while the bands
+/// cost a line per halving of every quiet key's decaying demand: two thirds of all
+/// report lines at the reference load (BENCHMARKS.md, simulator). Idle returns
+/// still follow every band, so credit a quiet node holds goes back as before.
+const LINE_BAND_FLOOR_MILLI: u64 = 256;
+
+/// The band a line's demand is reported in (see `LINE_BAND_FLOOR_MILLI`).
+fn line_band(demand: u64) -> u32 {
+    if demand >= LINE_BAND_FLOOR_MILLI {
+        demand_band(demand)
+    } else {
+        u32::from(demand > 0)
+    }
 }
 
 /// How a shard's owner looks from this node (F2-F5).
@@ -1378,7 +1397,7 @@ impl NodeLimiter {
             let line = line_of(bucket, demands[usize::from(rec.slot)], &kw, rec);
             let reported = Reported {
                 spend: line.cumulative_spend,
-                demand_band: demand_band(line.demand),
+                demand_band: line_band(line.demand),
                 returned: line.returned,
                 self_granted: line.self_granted,
             };
@@ -2288,14 +2307,14 @@ mod tests {
     fn a_quiet_run_finds_the_round_a_forward_run_of_observe_finds() {
         let forward = |track: &KeyTrack, rounds: u64, idle_min: u32, idle_cap: u32| {
             let bands: [u32; super::PLAN_WINDOWS_MAX] =
-                std::array::from_fn(|slot| super::demand_band(track.demand(slot)));
+                std::array::from_fn(|slot| super::line_band(track.demand(slot)));
             let mut t = track.clone();
             (1..rounds).find(|j| {
                 let moved = t.observe(100 + j, 0, t.last_shorts);
                 let idle = t.idle(moved, idle_min, idle_cap);
                 idle.iter().any(|i| *i)
                     || (0..super::PLAN_WINDOWS_MAX)
-                        .any(|slot| super::demand_band(t.demand(slot)) != bands[slot])
+                        .any(|slot| super::line_band(t.demand(slot)) != bands[slot])
             })
         };
         let mut checked = 0;
