@@ -120,18 +120,28 @@ pub fn install(word: &AtomicU64, tag: u64, credit: u64, exhausted: bool) -> u64 
     word.swap(pack(tag, exhausted, credit), Ordering::AcqRel)
 }
 
-/// Reconciler: take all remaining credit of `tag` (closing a window, or returning an idle
-/// node's credit to the pool). Returns what was taken, or None if the word holds another
-/// window.
+/// Reconciler: take all remaining credit of `tag` (closing a window). Returns what was
+/// taken, or None if the word holds another window.
 pub fn drain(word: &AtomicU64, tag: u64) -> Option<u64> {
+    drain_above(word, tag, 0)
+}
+
+/// Reconciler: take what `tag`'s word holds above `keep` (returning credit to the pool:
+/// all of an idle node's, or what a window's last rounds cannot spend). Returns what was
+/// taken (0 when it holds `keep` or less), or None if the word holds another window.
+pub fn drain_above(word: &AtomicU64, tag: u64, keep: u64) -> Option<u64> {
     let mut cur = word.load(Ordering::Acquire);
     loop {
         if word_tag(cur) != tag {
             return None;
         }
-        let next = pack(tag, word_exhausted(cur), 0);
+        let held = word_credit(cur);
+        if held <= keep {
+            return Some(0);
+        }
+        let next = pack(tag, word_exhausted(cur), keep);
         match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(word_credit(cur)),
+            Ok(_) => return Some(held - keep),
             Err(seen) => cur = seen,
         }
     }
@@ -172,6 +182,17 @@ mod tests {
         assert_eq!(drain(&word, tag_of(9)), None);
         let prev = install(&word, tag_of(12), 3, false);
         assert_eq!(word_tag(prev), tag_of(10));
+    }
+
+    #[test]
+    fn drain_above_leaves_what_it_keeps_and_only_in_its_window() {
+        let word = AtomicU64::new(pack(tag_of(4), true, 9));
+        assert_eq!(drain_above(&word, tag_of(5), 2), None);
+        assert_eq!(drain_above(&word, tag_of(4), 12), Some(0));
+        assert_eq!(drain_above(&word, tag_of(4), 2), Some(7));
+        let w = word.load(Ordering::Relaxed);
+        assert_eq!((word_credit(w), word_exhausted(w)), (2, true));
+        assert_eq!(drain_above(&word, tag_of(4), 2), Some(0));
     }
 
     /// Concurrent charges never take more than the credit present, and the reconciler's

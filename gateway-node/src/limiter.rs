@@ -58,6 +58,12 @@ pub struct NodeConfig {
     /// Rounds before a boundary at which the next window is reported, so its owner can
     /// grant before the first request of that window arrives.
     pub prefetch_rounds: u32,
+    /// C4/A2: in a window's last this many rounds, credit held above what the key's
+    /// demand may still spend there goes back to the pool (`return_unspendable_credit`).
+    pub end_return_rounds: u32,
+    /// How many standard deviations of Poisson arrivals over the rounds left a node
+    /// keeps on top of `h x demand` when it hands the rest back at a window's end.
+    pub end_return_sigmas: u64,
     /// An unchanged line is re-reported at least this often (reports are lossy).
     pub refresh_rounds: u32,
     /// Final reports sent for a closed window before its record is reaped.
@@ -82,6 +88,8 @@ impl NodeConfig {
             idle_return_rounds: 8,
             idle_return_rounds_min: 3,
             prefetch_rounds: 2,
+            end_return_rounds: 4,
+            end_return_sigmas: 1,
             refresh_rounds: 8,
             closed_reports: 2,
             records_cap: 400_000,
@@ -1124,6 +1132,13 @@ impl NodeLimiter {
                     .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
                 if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
                     self.return_idle_credit(now, bucket, kw);
+                } else if self.config.mode == Mode::Leasing {
+                    let demand = self
+                        .keys
+                        .get(&key)
+                        .and_then(|s| s.track.as_ref())
+                        .map_or(0, |t| t.demand(slot));
+                    self.return_unspendable_credit(now, bucket, kw, demand);
                 }
             }
             let next = KeyWindow {
@@ -1338,6 +1353,39 @@ impl NodeLimiter {
     /// C4: an idle node hands its unspent credit back so the owner can give it to a node
     /// that is using it. Only while the owner is there to re-grant it.
     fn return_idle_credit(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow) {
+        self.return_credit_above(now, bucket, kw, 0);
+    }
+
+    /// C4/A2: in the window's last `end_return_rounds`, hand back what the node holds
+    /// above what its demand may spend before the boundary (h x demand x rounds left,
+    /// plus `end_return_sigmas` standard deviations of Poisson arrivals). Credit placed
+    /// ahead for rounds that no longer exist strands at the boundary while another node
+    /// of the key runs dry: the sim's pinned pairs, hot-key and zipf keys lost 2-3 of a
+    /// 1 s window's 40 that way, with the owner's pool empty and nothing to recall
+    /// (C6). Back in the pool, it reaches the node that asks next, by its report or its
+    /// fast path. The node initiates this as it does the idle return; the owner recalls
+    /// nothing.
+    fn return_unspendable_credit(
+        &mut self,
+        now: Now,
+        bucket: &KeyBucket,
+        kw: KeyWindow,
+        demand_milli: u64,
+    ) {
+        const HEADROOM_PERMILLE: u64 = 1_250; // C4's h
+        let round_ms = u64::from(self.config.round_ms.max(1));
+        let left_ms = window_end_ms(kw.key, kw.window).saturating_sub(now.wall_ms);
+        if left_ms == 0 || left_ms > u64::from(self.config.end_return_rounds) * round_ms {
+            return;
+        }
+        let mean_milli = demand_milli * left_ms.div_ceil(round_ms);
+        let keep = (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
+            + (self.config.end_return_sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000);
+        self.return_credit_above(now, bucket, kw, keep);
+    }
+
+    /// Hand back what `kw`'s word holds above `keep` (all of it for `keep` 0).
+    fn return_credit_above(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow, keep: u64) {
         if self.link_health(kw.shard(self.config.shards), now) != LinkHealth::Healthy {
             return;
         }
@@ -1347,9 +1395,10 @@ impl NodeLimiter {
         if rec.place != Place::Live {
             return;
         }
-        let taken = credit::drain(
+        let taken = credit::drain_above(
             bucket.word(usize::from(rec.slot), kw.window),
             credit::tag_of(kw.window.number),
+            keep,
         )
         .unwrap_or(0);
         rec.returned += taken;
