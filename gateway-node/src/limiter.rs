@@ -1095,6 +1095,7 @@ impl NodeLimiter {
         };
         let band_moved = track.observe(round, delta, shorts);
         let wanted_round = track.wanted_round;
+        let demands: [u64; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| track.demand(slot));
         let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
         let idle = track.idle(band_moved, idle_min, idle_cap);
         // Whether a window still needs ensure_record + install: absent, or its credit
@@ -1133,12 +1134,7 @@ impl NodeLimiter {
                 if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
                     self.return_idle_credit(now, bucket, kw);
                 } else if self.config.mode == Mode::Leasing {
-                    let demand = self
-                        .keys
-                        .get(&key)
-                        .and_then(|s| s.track.as_ref())
-                        .map_or(0, |t| t.demand(slot));
-                    self.return_unspendable_credit(now, bucket, kw, demand);
+                    self.return_unspendable_credit(now, bucket, kw, demands[slot]);
                 }
             }
             let next = KeyWindow {
