@@ -1354,7 +1354,8 @@ impl NodeLimiter {
 
     /// C4/A2: in the window's last `end_return_rounds`, hand back what the node holds
     /// above what its demand may spend before the boundary (h x demand x rounds left,
-    /// plus `end_return_sigmas` standard deviations of Poisson arrivals). Credit placed
+    /// plus `end_return_sigmas` standard deviations of Poisson arrivals; once the owner
+    /// has said the pool is exhausted, demand x rounds left alone). Credit placed
     /// ahead for rounds that no longer exist strands at the boundary while another node
     /// of the key runs dry: the sim's pinned pairs, hot-key and zipf keys lost 2-3 of a
     /// 1 s window's 40 that way, with the owner's pool empty and nothing to recall
@@ -1375,8 +1376,18 @@ impl NodeLimiter {
             return;
         }
         let mean_milli = demand_milli * left_ms.div_ceil(round_ms);
-        let keep = (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
-            + (self.config.end_return_sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000);
+        let exhausted = self.record(&kw).is_some_and(|r| r.exhausted);
+        let keep = if exhausted {
+            // The pool is empty: what this node keeps above its expected need is the
+            // window's last credit, and a node that runs short here can still get what
+            // the others hand back (the owner reopens its fast path). Keeping the margin
+            // too: seeds 1-4, zipf 60 s under p99 3.87% (3.80% without), hot-key 1 s
+            // mean 0.207% (0.201%).
+            mean_milli.div_ceil(1_000)
+        } else {
+            (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
+                + (self.config.end_return_sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
+        };
         self.return_credit_above(now, bucket, kw, keep);
     }
 
