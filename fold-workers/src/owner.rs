@@ -292,6 +292,20 @@ impl Ledger {
     }
 }
 
+/// A tick's grant entries grouped by node (the hot lane and the exhausted-line retry):
+/// at most one group per fleet node, searched in order.
+#[derive(Default)]
+struct PerNode(Vec<(NodeId, Vec<GrantEntry>)>);
+
+impl PerNode {
+    fn add(&mut self, node: NodeId, entry: GrantEntry) {
+        match self.0.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, entries)) => entries.push(entry),
+            None => self.0.push((node, vec![entry])),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct NodeSeen {
     last_seen_mono_ms: u64,
@@ -823,7 +837,7 @@ impl FoldOwner {
         let mut pending: Vec<((NodeId, NodeEpoch, KeyWindow), u64)> =
             self.hot_pending.drain().collect();
         pending.sort_unstable_by_key(|(k, _)| *k);
-        let mut per_node: Vec<(NodeId, Vec<GrantEntry>)> = Vec::new();
+        let mut per_node = PerNode::default();
         for ((node, epoch, kw), sent_at_ms) in pending {
             let age = self.age_bucket(now, sent_at_ms);
             self.stats.fold_age_rounds_hot[age] += 1;
@@ -836,19 +850,9 @@ impl FoldOwner {
             else {
                 continue;
             };
-            match per_node.last_mut() {
-                Some((n, entries)) if *n == node => entries.push(g),
-                _ => per_node.push((node, vec![g])),
-            }
+            per_node.add(node, g);
         }
-        for (node, entries) in per_node {
-            self.outbox.push_back(GrantBatch {
-                owner_epoch: self.epoch,
-                shard: self.config.shard,
-                node,
-                entries,
-            });
-        }
+        self.send_batches(per_node);
     }
 
     /// C4/A48: a node told its window is exhausted stops asking the fast path until the
@@ -877,7 +881,7 @@ impl FoldOwner {
             self.retry_queue.clear();
             return;
         }
-        let mut per_node: Vec<(NodeId, Vec<GrantEntry>)> = Vec::new();
+        let mut per_node = PerNode::default();
         let mut lines: Vec<(NodeId, NodeEpoch)> = Vec::new();
         for _ in 0..self.config.retry_ledgers_per_tick {
             let Some(kw) = self.retry_queue.pop_front() else {
@@ -909,13 +913,15 @@ impl FoldOwner {
                 else {
                     continue;
                 };
-                match per_node.iter_mut().find(|(n, _)| *n == node) {
-                    Some((_, entries)) => entries.push(g),
-                    None => per_node.push((node, vec![g])),
-                }
+                per_node.add(node, g);
             }
         }
-        for (node, entries) in per_node {
+        self.send_batches(per_node);
+    }
+
+    /// One grant batch per node, in the order the nodes first got an entry.
+    fn send_batches(&mut self, per_node: PerNode) {
+        for (node, entries) in per_node.0 {
             self.outbox.push_back(GrantBatch {
                 owner_epoch: self.epoch,
                 shard: self.config.shard,

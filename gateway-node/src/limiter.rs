@@ -329,11 +329,7 @@ impl KeyTrack {
             // (and returning) credit forever.
             let d = self.demand_milli[slot];
             self.last_round_milli[slot] = sample;
-            self.demand_milli[slot] = if sample >= d {
-                d + (sample - d).div_ceil(8)
-            } else {
-                d - (d - sample).div_ceil(8)
-            };
+            self.demand_milli[slot] = smoothed(d, sample);
             band_moved[slot] = demand_band(d) != demand_band(self.demand_milli[slot]);
             if sample > 0 || self.wanted_round[slot] == 0 {
                 self.wanted_round[slot] = round;
@@ -393,9 +389,25 @@ impl KeyTrack {
     ) -> [bool; PLAN_WINDOWS_MAX] {
         let idle_after = NodeLimiter::idle_return_after(idle_min, idle_cap, self.quiet_from_milli);
         std::array::from_fn(|slot| {
-            self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || band_moved[slot])
+            idle_return_due(self.idle_rounds, idle_after, idle_cap, band_moved[slot])
         })
     }
+}
+
+/// One round of `KeyTrack`'s peak-biased smoothing: rises within one round, decays over
+/// about eight (see `KeyTrack::observe`).
+fn smoothed(demand_milli: u64, sample_milli: u64) -> u64 {
+    if sample_milli >= demand_milli {
+        demand_milli + (sample_milli - demand_milli).div_ceil(8)
+    } else {
+        demand_milli - (demand_milli - sample_milli).div_ceil(8)
+    }
+}
+
+/// Whether a window's idle credit goes back in a quiet spell's `idle_rounds`-th round
+/// (see `KeyTrack::idle`).
+fn idle_return_due(idle_rounds: u32, idle_after: u32, idle_cap: u32, band_moved: bool) -> bool {
+    idle_rounds >= idle_after && (idle_rounds <= idle_cap || band_moved)
 }
 
 /// The part of a `KeyTrack` that quiet rounds move and `schedule` reads: `observe(r, 0,
@@ -435,16 +447,15 @@ impl QuietRun {
             let mut moved = [false; PLAN_WINDOWS_MAX];
             for (slot, d) in self.demand_milli.iter_mut().enumerate() {
                 let before = *d;
-                *d -= before.div_ceil(8);
+                *d = smoothed(before, 0);
                 moved[slot] = demand_band(before) != demand_band(*d);
             }
             self.last_round_milli = [0; PLAN_WINDOWS_MAX];
             self.idle_rounds = self.idle_rounds.saturating_add(1);
             let idle_after =
                 NodeLimiter::idle_return_after(idle_min, idle_cap, self.quiet_from_milli);
-            let idle = (0..PLAN_WINDOWS_MAX).any(|slot| {
-                self.idle_rounds >= idle_after && (self.idle_rounds <= idle_cap || moved[slot])
-            });
+            let idle = (0..PLAN_WINDOWS_MAX)
+                .any(|slot| idle_return_due(self.idle_rounds, idle_after, idle_cap, moved[slot]));
             let band_moved =
                 (0..PLAN_WINDOWS_MAX).any(|slot| line_band(demand(&self, slot)) != bands[slot]);
             if idle || band_moved {
