@@ -617,7 +617,8 @@ impl FoldOwner {
                 .div_ceil(1_000_000)
                 .saturating_sub(l.outstanding())
         };
-        let endgame = ledger.lines.values().map(full_want).sum::<u64>() * 2 > available_before;
+        let full_wants: u64 = ledger.lines.values().map(full_want).sum();
+        let endgame = full_wants * 2 > available_before;
         let want_of = |l: &Line| if endgame { lean_want(l) } else { full_want(l) };
         let line = *ledger.lines.get(&(node, epoch))?;
         let mut want = want_of(&line);
@@ -668,7 +669,13 @@ impl FoldOwner {
             self.stats.reserve_released += 1;
             available = ledger.available(config);
         }
-        let total_want: u64 = ledger.lines.values().map(want_of).sum::<u64>().max(want);
+        // The lines are as they were when `full_wants` was summed (only `want` moved).
+        let total_want = if endgame {
+            ledger.lines.values().map(lean_want).sum::<u64>()
+        } else {
+            full_wants
+        }
+        .max(want);
         let grant = if total_want > available {
             ((u128::from(available) * u128::from(want) / u128::from(total_want)) as u64)
                 .max(u64::from(available > 0))
