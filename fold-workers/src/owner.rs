@@ -195,6 +195,29 @@ impl Line {
     fn outstanding(&self) -> u64 {
         (self.issued() + self.self_granted).saturating_sub(self.spend + self.returned)
     }
+
+    /// Every grant entry this owner sends for a line (a grant, an exhaustion notice, an
+    /// "open again" notice): `grant` more credit, and whether the pool is exhausted for
+    /// it, which is also whether the line is starved (`Line::starved`).
+    fn issue(
+        &mut self,
+        kw: KeyWindow,
+        epoch: NodeEpoch,
+        grant: u64,
+        exhausted: bool,
+    ) -> GrantEntry {
+        self.granted = self.issued() + grant;
+        self.grant_seq += 1;
+        self.told_exhausted = exhausted;
+        self.starved = exhausted;
+        GrantEntry {
+            key_window: kw,
+            node_epoch: epoch,
+            grant_seq: self.grant_seq,
+            credit_total: self.granted,
+            exhausted,
+        }
+    }
 }
 
 /// A ledger's lines, one per node epoch that reported the key-window. A key-window is
@@ -688,20 +711,10 @@ impl FoldOwner {
         }
         let reserve_left = !ledger.reserve_released && config.reserve(ledger.allowance) > 0;
         let line = ledger.lines.get_mut(&(node, epoch)).expect("read above");
-        line.granted = line.issued() + grant;
-        line.grant_seq += 1;
-        line.told_exhausted = available == grant && !reserve_left;
-        line.starved = line.told_exhausted;
         // Exhausted means nothing is left even for a fast path: while the reserve is
         // still held, a node that runs dry must be able to ask for it (C5), so its 429s
         // wait for the next round, not the window boundary (D6).
-        let entry = GrantEntry {
-            key_window: kw,
-            node_epoch: epoch,
-            grant_seq: line.grant_seq,
-            credit_total: line.granted,
-            exhausted: line.told_exhausted,
-        };
+        let entry = line.issue(kw, epoch, grant, available == grant && !reserve_left);
         self.stats.grants += 1;
         self.stats.credit_granted += grant;
         // Assert on the issuing side of the boundary too: a breach halts before it leaves.
@@ -735,17 +748,7 @@ impl FoldOwner {
         if line.told_exhausted || line.issued() == 0 {
             return None;
         }
-        line.granted = line.issued();
-        line.grant_seq += 1;
-        line.told_exhausted = true;
-        line.starved = true;
-        Some(GrantEntry {
-            key_window: kw,
-            node_epoch: epoch,
-            grant_seq: line.grant_seq,
-            credit_total: line.granted,
-            exhausted: true,
-        })
+        Some(line.issue(kw, epoch, 0, true))
     }
 
     /// D5: answered at once, on the request's reply subject.
@@ -959,17 +962,7 @@ impl FoldOwner {
         if !line.told_exhausted {
             return None;
         }
-        line.granted = line.issued();
-        line.grant_seq += 1;
-        line.told_exhausted = false;
-        line.starved = false;
-        Some(GrantEntry {
-            key_window: kw,
-            node_epoch: epoch,
-            grant_seq: line.grant_seq,
-            credit_total: line.granted,
-            exhausted: false,
-        })
+        Some(line.issue(kw, epoch, 0, false))
     }
 
     /// The keys in the hot lane now (C10), heaviest first.
