@@ -59,7 +59,7 @@ pub struct NodeConfig {
     /// grant before the first request of that window arrives.
     pub prefetch_rounds: u32,
     /// C4/A2: in a window's last this many rounds, credit held above what the key's
-    /// demand may still spend there goes back to the pool (`return_unspendable_credit`).
+    /// demand may still spend there goes back to the pool (`NodeLimiter::end_of_window`).
     pub end_return_rounds: u32,
     /// How many standard deviations of Poisson arrivals over the rounds left a node
     /// keeps on top of `h x demand` when it hands the rest back at a window's end.
@@ -605,6 +605,18 @@ pub struct LineChange {
     pub after: Option<(u64, u64)>,
 }
 
+/// What a return of a window's held credit leaves on the node (`return_credit`).
+#[derive(Clone, Copy, Debug)]
+enum Keep {
+    /// C4: the key is idle (or a shorter window blocks this one): everything goes back.
+    Nothing,
+    /// C4/A2: the window's last rounds (`NodeLimiter::end_of_window`), `mean_milli`
+    /// thousandths of a request expected before its end: the node keeps h x that plus
+    /// `end_return_sigmas` standard deviations of Poisson arrivals, or once the owner
+    /// has said the pool is exhausted, that alone.
+    EndOfWindow { mean_milli: u64 },
+}
+
 /// Rounds the visit wheel spans: more than any due distance `schedule` sets.
 const WHEEL_ROUNDS: u64 = 32;
 
@@ -1123,6 +1135,7 @@ impl NodeLimiter {
                 key,
                 window: current,
             };
+            let left_ms = window_end_ms(key, current).saturating_sub(now.wall_ms);
             let state = self.keys.get(&key);
             let has_current = state.and_then(|s| s.rec(current)).is_some();
             if active || has_current {
@@ -1142,17 +1155,22 @@ impl NodeLimiter {
                         idle_cap,
                     )
                     .is_some_and(|r| round.saturating_sub(wanted_round[slot]) >= r);
-                if (idle[slot] || blocked) && self.config.mode == Mode::Leasing {
-                    self.return_idle_credit(now, bucket, kw);
-                } else if self.config.mode == Mode::Leasing {
-                    self.return_unspendable_credit(now, bucket, kw, demands[slot]);
+                if self.config.mode == Mode::Leasing {
+                    let keep = if idle[slot] || blocked {
+                        Some(Keep::Nothing)
+                    } else {
+                        self.end_of_window(left_ms, demands[slot])
+                    };
+                    if let Some(keep) = keep {
+                        self.return_credit(now, bucket, kw, keep);
+                    }
                 }
             }
             let next = KeyWindow {
                 key,
                 window: next_window(current),
             };
-            let near_end = window_end_ms(key, current).saturating_sub(now.wall_ms) <= prefetch_ms;
+            let near_end = left_ms <= prefetch_ms;
             let state = self.keys.get(&key);
             let has_next = state.and_then(|s| s.rec(next.window)).is_some();
             if ((near_end && active) || has_next) && unplaced(state, next.window) {
@@ -1357,62 +1375,50 @@ impl NodeLimiter {
         self.note_change(kw);
     }
 
-    /// C4: an idle node hands its unspent credit back so the owner can give it to a node
-    /// that is using it. Only while the owner is there to re-grant it.
-    fn return_idle_credit(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow) {
-        self.return_credit_above(now, bucket, kw, 0);
-    }
-
-    /// C4/A2: in the window's last `end_return_rounds`, hand back what the node holds
-    /// above what its demand may spend before the boundary (h x demand x rounds left,
-    /// plus `end_return_sigmas` standard deviations of Poisson arrivals; once the owner
-    /// has said the pool is exhausted, demand x rounds left alone). Credit placed
-    /// ahead for rounds that no longer exist strands at the boundary while another node
-    /// of the key runs dry: the sim's pinned pairs, hot-key and zipf keys lost 2-3 of a
-    /// 1 s window's 40 that way, with the owner's pool empty and nothing to recall
-    /// (C6). Back in the pool, it reaches the node that asks next, by its report or its
-    /// fast path. The node initiates this as it does the idle return; the owner recalls
-    /// nothing.
-    fn return_unspendable_credit(
-        &mut self,
-        now: Now,
-        bucket: &KeyBucket,
-        kw: KeyWindow,
-        demand_milli: u64,
-    ) {
-        const HEADROOM_PERMILLE: u64 = 1_250; // C4's h
+    /// C4/A2: in the window's last `end_return_rounds` (`left_ms` to its end), what is
+    /// held above what its demand may spend before the boundary goes back (see
+    /// `Keep::EndOfWindow`). Credit placed ahead for rounds that no longer exist strands
+    /// at the boundary while another node of the key runs dry: the sim's pinned pairs,
+    /// hot-key and zipf keys lost 2-3 of a 1 s window's 40 that way, with the owner's
+    /// pool empty and nothing to recall (C6). Back in the pool, it reaches the node that
+    /// asks next, by its report or its fast path. The node initiates this as it does the
+    /// idle return; the owner recalls nothing.
+    fn end_of_window(&self, left_ms: u64, demand_milli: u64) -> Option<Keep> {
         let round_ms = u64::from(self.config.round_ms.max(1));
-        let left_ms = window_end_ms(kw.key, kw.window).saturating_sub(now.wall_ms);
-        if left_ms == 0 || left_ms > u64::from(self.config.end_return_rounds) * round_ms {
-            return;
-        }
-        let mean_milli = demand_milli * left_ms.div_ceil(round_ms);
-        let exhausted = self.record(&kw).is_some_and(|r| r.exhausted);
-        let keep = if exhausted {
-            // The pool is empty: what this node keeps above its expected need is the
-            // window's last credit, and a node that runs short here can still get what
-            // the others hand back (the owner reopens its fast path). Keeping the margin
-            // too: seeds 1-4, zipf 60 s under p99 3.87% (3.80% without), hot-key 1 s
-            // mean 0.207% (0.201%).
-            mean_milli.div_ceil(1_000)
-        } else {
-            (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
-                + (self.config.end_return_sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
-        };
-        self.return_credit_above(now, bucket, kw, keep);
+        (left_ms > 0 && left_ms <= u64::from(self.config.end_return_rounds) * round_ms).then(|| {
+            Keep::EndOfWindow {
+                mean_milli: demand_milli * left_ms.div_ceil(round_ms),
+            }
+        })
     }
 
-    /// Hand back what `kw`'s word holds above `keep` (all of it for `keep` 0).
-    fn return_credit_above(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow, keep: u64) {
+    /// Hand back what `kw`'s word holds above what `keep` leaves, so the owner can give
+    /// it to a node that is using it. Only while the owner is there to re-grant it.
+    fn return_credit(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow, keep: Keep) {
+        const HEADROOM_PERMILLE: u64 = 1_250; // C4's h
         if self.link_health(kw.shard(self.config.shards), now) != LinkHealth::Healthy {
             return;
         }
+        let sigmas = self.config.end_return_sigmas;
         let Some(rec) = self.record_mut(&kw) else {
             return;
         };
         if rec.place != Place::Live {
             return;
         }
+        let keep = match keep {
+            Keep::Nothing => 0,
+            // The pool is empty: what this node keeps above its expected need is the
+            // window's last credit, and a node that runs short here can still get what
+            // the others hand back (the owner reopens its fast path). Keeping the margin
+            // too: seeds 1-4, zipf 60 s under p99 3.87% (3.80% without), hot-key 1 s
+            // mean 0.207% (0.201%).
+            Keep::EndOfWindow { mean_milli } if rec.exhausted => mean_milli.div_ceil(1_000),
+            Keep::EndOfWindow { mean_milli } => {
+                (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
+                    + (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
+            }
+        };
         let taken = credit::drain_above(
             bucket.word(usize::from(rec.slot), kw.window),
             credit::tag_of(kw.window.number),
