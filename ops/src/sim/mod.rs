@@ -1467,3 +1467,43 @@ fn truth_breach(truth: &DetMap<KeyWindow, Truth>, kw: &KeyWindow) -> Option<Stri
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A violation the checks find names the run's seed, the simulated time and the
+    /// command that replays it. The breach is planted in the kept fleet truth (a line no
+    /// node holds, over its allowance), and the periodic cross-check against every
+    /// node's books is what finds it.
+    #[test]
+    fn a_violation_names_its_seed_and_the_command_that_replays_it() {
+        let cfg = SimConfig {
+            nodes: 3,
+            keys: 5,
+            seconds: 2,
+            seed: 42,
+            rate: 100,
+            ..SimConfig::new(Scenario::Pinned, SimMode::Leasing)
+        };
+        let mut sim = Sim::new(cfg.clone()).expect("valid config");
+        let kw = KeyWindow {
+            key: sim.keys[0],
+            window: bus_schemas::WindowId {
+                length_ms: 1_000,
+                number: 7,
+            },
+        };
+        assert!(truth_move(&mut sim.truth, kw, 10, None, Some((11, 0))));
+        sim.check_fleet_truth(1_250);
+        assert_eq!(sim.violation_count, 1, "{:?}", sim.violations);
+        let v = &sim.violations[0];
+        let replay = cfg.replay_command();
+        assert!(replay.contains("--seed 42") && replay.contains("--scenario pinned"));
+        assert!(
+            v.starts_with("t=1250 ms seed=42: fleet truth: 1 key-windows kept, 0 walked"),
+            "{v}"
+        );
+        assert!(v.ends_with(&format!("replay: {replay}")), "{v}");
+    }
+}
