@@ -3,7 +3,10 @@
 
 mod common;
 
-use bus_schemas::{KeyId, KeyWindow, NodeId, Now, ReportEntry, WindowId};
+use bus_schemas::{
+    FastPathOutcome, FastPathRequest, KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch,
+    ReportEntry, ShardId, WindowId,
+};
 use common::{batch, line};
 use fold_workers::FoldOwner;
 
@@ -62,4 +65,46 @@ fn one_request_at_a_node_of_a_thinly_spread_key_is_not_a_request_every_round() {
         to_thin, 2,
         "a thin key's node is not granted a burst for one request"
     );
+}
+
+#[test]
+fn near_the_end_of_a_thin_pool_a_node_short_of_a_request_a_round_holds_nothing() {
+    let now = common::START;
+    let spread = common::config(20).spread_lines as u32;
+    let mut owner = common::owner(20);
+    let kw = kw(3, now);
+    // Busy nodes take most of the 40. From the first report on, the pool is in its
+    // endgame (every line's full want is more than half of what is left), so each is
+    // granted one round of h x demand: 13, 13 and 8, and 6 are left.
+    assert_eq!(report(&mut owner, now, 0, kw, 10_000), 13);
+    assert_eq!(report(&mut owner, now, 1, kw, 10_000), 13);
+    assert_eq!(report(&mut owner, now, 2, kw, 6_000), 8);
+    // While the key is on few nodes, a round's demand is rounded up: a unit each.
+    for n in 3..spread - 1 {
+        assert_eq!(report(&mut owner, now, n, kw, 500), 1, "node {n}");
+    }
+    // The line that makes it thin, and every one after it, gets only whole requests
+    // of a round: nothing at half a request, 2 (not 3) at two requests a round.
+    assert_eq!(report(&mut owner, now, spread - 1, kw, 500), 0);
+    assert_eq!(report(&mut owner, now, spread, kw, 500), 0);
+    assert_eq!(report(&mut owner, now, spread + 1, kw, 2_000), 2);
+    // What it kept goes to the node a request comes to, through the fast path.
+    let reply = owner.handle_fast_path_request(
+        now,
+        &FastPathRequest {
+            node: NodeId(spread),
+            node_epoch: NodeEpoch(1),
+            shard: ShardId(0),
+            request_id: 1,
+            owner_epoch_seen: OwnerEpoch(1),
+            entry: ReportEntry {
+                demand: 500,
+                ..line(kw, 40)
+            },
+        },
+    );
+    match reply.outcome {
+        FastPathOutcome::Granted(g) => assert_eq!((g.credit_total, g.exhausted), (1, false)),
+        other => panic!("the fast path was refused: {other:?}"),
+    }
 }
