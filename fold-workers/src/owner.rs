@@ -181,7 +181,8 @@ struct Line {
     /// that comes back to the pool is offered to it at the next tick
     /// (`FoldOwner::retry_exhausted_lines`). A node whose demand has since fallen away
     /// is left out, so returned credit is not parked where nothing asks for it (offering
-    /// it to every line told exhausted: zipf 1 s under mean 2.13% -> 2.14% at seed 1).
+    /// it to every line told exhausted: zipf 1 s under mean 2.13% -> 2.14% at seed 1),
+    /// except in a key-window spread thin, where it is only told the pool reopened.
     starved: bool,
 }
 
@@ -691,7 +692,10 @@ impl FoldOwner {
             }
         }
         if want == 0 {
-            if let Some(l) = ledger.lines.get_mut(&(node, epoch)) {
+            // Spread thin, wanting nothing is how the endgame leaves every node (above),
+            // not a sign its demand fell away: it stays starved, to be told when credit
+            // comes back (`retry_exhausted_lines`).
+            if !thin && let Some(l) = ledger.lines.get_mut(&(node, epoch)) {
                 l.starved = false;
             }
             return None;
@@ -893,10 +897,18 @@ impl FoldOwner {
     /// Lines not told exhausted are left alone: their fast path already takes pooled
     /// credit at the moment they need it, which placing it ahead can only guess at
     /// (retrying lines the fair split cut short too: bursty 1 s under mean 0.0680% ->
-    /// 0.0685% at seeds 2-4). Key-windows spread thin are left alone too: there a node's
-    /// next request is as likely on any of a dozen nodes, credit placed ahead strands on
-    /// the wrong one, and reopened fast paths each cost one (with them, zipf at seed 1:
-    /// 1 s under mean 2.13% -> 2.17%, 60 s p99 3.73% -> 3.93%).
+    /// 0.0685% at seeds 2-4). In a key-window spread thin nothing is placed: a node's
+    /// next request is as likely on any of a dozen nodes, and credit placed ahead
+    /// strands on the wrong one. Its starved lines are only told the pool is open
+    /// again, so the node a request comes to asks for it, as the endgame there has
+    /// every node do (`size_grant`). Left closed, the credit the others handed back sat
+    /// in the pool while their 429s went on: in uniform's first 30 s at seed 1, 1.7 of
+    /// a 1 s window's 40 units were still unissued when it closed, of 4.4 unspent in
+    /// all. Reopened, seeds 1-4 (under 1 s p99 / mean, 60 s p99): zipf
+    /// 15.0 / 1.588% / 2.667% -> 12.5 / 1.183% / 2.467%, uniform 20.0 / 6.857% -> 15.0 /
+    /// 4.403%, every other row within 0.001 point; fast paths zipf 26.0% -> 28.8%,
+    /// uniform 42.3% -> 50.0% (before the endgame rounded down, reopening cost more than
+    /// it gained: zipf at seed 1, 1 s mean 2.13% -> 2.17%).
     ///
     /// Only credit in the pool is placed, nothing placed is recalled (C6), and every
     /// grant passes `size_grant`'s allowance check (halting on a breach). At most
@@ -916,9 +928,7 @@ impl FoldOwner {
                 continue; // reaped since it was queued
             };
             ledger.retry_queued = false;
-            if ledger.spread_thin(&self.config) {
-                continue;
-            }
+            let thin = ledger.spread_thin(&self.config);
             lines.clear();
             lines.extend(
                 ledger
@@ -932,10 +942,12 @@ impl FoldOwner {
                 if self.withheld(node, now) {
                     continue;
                 }
-                let Some(g) = self
-                    .size_grant(now, node, epoch, kw, false)
-                    .or_else(|| self.reopen_notice(now, node, epoch, kw))
-                else {
+                let placed = if thin {
+                    None
+                } else {
+                    self.size_grant(now, node, epoch, kw, false)
+                };
+                let Some(g) = placed.or_else(|| self.reopen_notice(now, node, epoch, kw)) else {
                     continue;
                 };
                 per_node.add(node, g);

@@ -67,44 +67,104 @@ fn one_request_at_a_node_of_a_thinly_spread_key_is_not_a_request_every_round() {
     );
 }
 
+/// A 40-unit key-window in its endgame, on five nodes: busy nodes take most of it. From
+/// the first report on, every line's full want is more than half of what is left, so each
+/// is granted one round of h x demand: 13, 13 and 8. While the key is on few nodes that
+/// round is rounded up: nodes 3 and 4, at half a request a round, get a unit each, and 4
+/// are left. The next line with demand makes the key-window spread thin.
+fn thin_endgame(owner: &mut FoldOwner, now: Now, kw: KeyWindow) {
+    assert_eq!(common::config(20).spread_lines, 6);
+    assert_eq!(report(owner, now, 0, kw, 10_000), 13);
+    assert_eq!(report(owner, now, 1, kw, 10_000), 13);
+    assert_eq!(report(owner, now, 2, kw, 6_000), 8);
+    for n in 3..5 {
+        assert_eq!(report(owner, now, n, kw, 500), 1, "node {n}");
+    }
+}
+
+/// Node `node`'s fast path for `kw`, at half a request a round.
+fn fast_path(owner: &mut FoldOwner, now: Now, node: u32, kw: KeyWindow) -> FastPathOutcome {
+    owner
+        .handle_fast_path_request(
+            now,
+            &FastPathRequest {
+                node: NodeId(node),
+                node_epoch: NodeEpoch(1),
+                shard: ShardId(0),
+                request_id: u64::from(node),
+                owner_epoch_seen: OwnerEpoch(1),
+                entry: ReportEntry {
+                    demand: 500,
+                    ..line(kw, 40)
+                },
+            },
+        )
+        .outcome
+}
+
 #[test]
 fn near_the_end_of_a_thin_pool_a_node_short_of_a_request_a_round_holds_nothing() {
     let now = common::START;
-    let spread = common::config(20).spread_lines as u32;
     let mut owner = common::owner(20);
     let kw = kw(3, now);
-    // Busy nodes take most of the 40. From the first report on, the pool is in its
-    // endgame (every line's full want is more than half of what is left), so each is
-    // granted one round of h x demand: 13, 13 and 8, and 6 are left.
-    assert_eq!(report(&mut owner, now, 0, kw, 10_000), 13);
-    assert_eq!(report(&mut owner, now, 1, kw, 10_000), 13);
-    assert_eq!(report(&mut owner, now, 2, kw, 6_000), 8);
-    // While the key is on few nodes, a round's demand is rounded up: a unit each.
-    for n in 3..spread - 1 {
-        assert_eq!(report(&mut owner, now, n, kw, 500), 1, "node {n}");
-    }
+    thin_endgame(&mut owner, now, kw);
     // The line that makes it thin, and every one after it, gets only whole requests
     // of a round: nothing at half a request, 2 (not 3) at two requests a round.
-    assert_eq!(report(&mut owner, now, spread - 1, kw, 500), 0);
-    assert_eq!(report(&mut owner, now, spread, kw, 500), 0);
-    assert_eq!(report(&mut owner, now, spread + 1, kw, 2_000), 2);
+    assert_eq!(report(&mut owner, now, 5, kw, 500), 0);
+    assert_eq!(report(&mut owner, now, 6, kw, 500), 0);
+    assert_eq!(report(&mut owner, now, 7, kw, 2_000), 2);
     // What it kept goes to the node a request comes to, through the fast path.
-    let reply = owner.handle_fast_path_request(
-        now,
-        &FastPathRequest {
-            node: NodeId(spread),
-            node_epoch: NodeEpoch(1),
-            shard: ShardId(0),
-            request_id: 1,
-            owner_epoch_seen: OwnerEpoch(1),
-            entry: ReportEntry {
-                demand: 500,
-                ..line(kw, 40)
-            },
-        },
-    );
-    match reply.outcome {
+    match fast_path(&mut owner, now, 6, kw) {
         FastPathOutcome::Granted(g) => assert_eq!((g.credit_total, g.exhausted), (1, false)),
         other => panic!("the fast path was refused: {other:?}"),
     }
+}
+
+#[test]
+fn credit_handed_back_in_a_thin_pool_reopens_the_fast_path_of_the_nodes_told_it_was_spent() {
+    let now = common::START;
+    let mut owner = common::owner(20);
+    let kw = kw(4, now);
+    thin_endgame(&mut owner, now, kw);
+    for n in 5..9 {
+        assert_eq!(report(&mut owner, now, n, kw, 500), 0);
+    }
+    // Four requests on four nodes take the last 4 units through the fast path; the
+    // one that takes the last is told the pool is spent, and stops asking.
+    for n in 5..9 {
+        match fast_path(&mut owner, now, n, kw) {
+            FastPathOutcome::Granted(g) => {
+                assert_eq!((g.credit_total, g.exhausted), (1, n == 8), "node {n}")
+            }
+            other => panic!("node {n}'s fast path was refused: {other:?}"),
+        }
+    }
+    // Node 3 hands its unit back (its idle return). Spread thin, its round's want is
+    // nothing, so nothing is granted back to it.
+    let returned = ReportEntry {
+        applied_grant: 1,
+        returned: 1,
+        ..line(kw, 40)
+    };
+    owner.handle_report_batch(now, &batch(3, 2, now, vec![returned]));
+    assert_eq!(grants(&mut owner, kw), vec![]);
+    // At the next tick node 8 is told the pool is open again, and no credit is placed:
+    // the node a request comes to asks for it.
+    let later = Now {
+        wall_ms: now.wall_ms + 25,
+        mono_ms: now.mono_ms + 25,
+    };
+    owner.handle_tick(later);
+    assert_eq!(grants(&mut owner, kw), vec![(NodeId(8), 1, false)]);
+}
+
+/// Every grant entry for `kw` sent since: (node, credit total, exhausted).
+fn grants(owner: &mut FoldOwner, kw: KeyWindow) -> Vec<(NodeId, u64, bool)> {
+    let mut got = Vec::new();
+    while let Some(b) = owner.poll_grant() {
+        for g in b.entries.iter().filter(|g| g.key_window == kw) {
+            got.push((b.node, g.credit_total, g.exhausted));
+        }
+    }
+    got
 }
