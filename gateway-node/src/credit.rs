@@ -127,7 +127,7 @@ pub fn drain(word: &AtomicU64, tag: u64) -> Option<u64> {
 }
 
 /// Reconciler: take what `tag`'s word holds above `keep` (returning credit to the pool:
-/// all of an idle node's, or what a window's last rounds cannot spend). Returns what was
+/// all of an idle node's, or what the rest of a window cannot spend). Returns what was
 /// taken (0 when it holds `keep` or less), or None if the word holds another window.
 pub fn drain_above(word: &AtomicU64, tag: u64, keep: u64) -> Option<u64> {
     let mut cur = word.load(Ordering::Acquire);
