@@ -61,7 +61,9 @@ pub struct NodeConfig {
     /// C4/A2: at every visit, credit a window holds above what the key's demand may
     /// still spend before the window ends goes back to the pool
     /// (`NodeLimiter::rest_of_window`); a node keeps h x that demand plus this many
-    /// standard deviations of Poisson arrivals over the rounds left.
+    /// standard deviations of Poisson arrivals over the rounds left. A test that keeps
+    /// held credit (with `idle_return_rounds` at `u32::MAX`) turns `rest_return` off.
+    pub rest_return: bool,
     pub rest_return_sigmas: u64,
     /// An unchanged line is re-reported at least this often (reports are lossy).
     pub refresh_rounds: u32,
@@ -87,6 +89,7 @@ impl NodeConfig {
             idle_return_rounds: 8,
             idle_return_rounds_min: 3,
             prefetch_rounds: 2,
+            rest_return: true,
             rest_return_sigmas: 1,
             refresh_rounds: 8,
             closed_reports: 2,
@@ -1394,7 +1397,7 @@ impl NodeLimiter {
     /// 0.458% -> 0.459% (BENCHMARKS.md).
     fn rest_of_window(&self, left_ms: u64, demand_milli: u64) -> Option<Keep> {
         let round_ms = u64::from(self.config.round_ms.max(1));
-        (left_ms > 0).then(|| Keep::RestOfWindow {
+        (self.config.rest_return && left_ms > 0).then(|| Keep::RestOfWindow {
             mean_milli: demand_milli * left_ms.div_ceil(round_ms),
         })
     }

@@ -189,11 +189,13 @@ fn restarted_node_spend_is_counted_once() {
 /// A node now acknowledges a new owner only in a report that carries every line.
 #[test]
 fn a_new_owner_learns_credit_held_by_a_quiet_node() {
-    // Idle credit is kept (not handed back) and unchanged lines are not refreshed, so node
-    // 0 goes quiet while holding credit and only the acknowledgement rule can reveal it.
+    // Idle credit is kept (not handed back, neither idle nor beyond what the rest of the
+    // window can spend) and unchanged lines are not refreshed, so node 0 goes quiet while
+    // holding credit and only the acknowledgement rule can reveal it.
     let mut fleet = Fleet::with_node_config(2, 1, |c| {
         c.idle_return_rounds = u32::MAX;
         c.idle_return_rounds_min = u32::MAX;
+        c.rest_return = false;
         c.refresh_rounds = u32::MAX;
     });
     let settle = |fleet: &mut Fleet, rounds: usize| {

@@ -148,6 +148,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
             // were applied.
             idle_return_rounds: u32::MAX,
             idle_return_rounds_min: u32::MAX,
+            rest_return: false,
             ..NodeConfig::reference(NodeId(0))
         },
         Arc::new(DecisionSurface::new(SurfaceConfig::default())),
