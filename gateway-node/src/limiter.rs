@@ -60,10 +60,11 @@ pub struct NodeConfig {
     pub prefetch_rounds: u32,
     /// C4/A2: at every visit, credit a window holds above what the key's demand may
     /// still spend before the window ends goes back to the pool
-    /// (`NodeLimiter::rest_of_window`); a node keeps h x that demand plus this many
-    /// standard deviations of Poisson arrivals over the rounds left. A test that keeps
-    /// held credit (with `idle_return_rounds` at `u32::MAX`) turns `rest_return` off.
+    /// (`NodeLimiter::rest_of_window`). A test that keeps held credit (with
+    /// `idle_return_rounds` at `u32::MAX`) turns this off.
     pub rest_return: bool,
+    /// What that return keeps on top of h x the demand over the rounds left: this many
+    /// standard deviations of Poisson arrivals over them.
     pub rest_return_sigmas: u64,
     /// An unchanged line is re-reported at least this often (reports are lossy).
     pub refresh_rounds: u32,
