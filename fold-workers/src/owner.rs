@@ -595,7 +595,7 @@ impl FoldOwner {
                 self.stats.fold_age_rounds_cold[age] += 1;
                 if let Some(g) = self
                     .size_grant(now, batch.node, batch.node_epoch, kw, false)
-                    .or_else(|| self.exhaustion_notice(now, batch.node, batch.node_epoch, kw))
+                    .or_else(|| self.pool_notice(now, batch.node, batch.node_epoch, kw, true))
                 {
                     grants.push(g);
                 }
@@ -744,30 +744,41 @@ impl FoldOwner {
         Some(entry)
     }
 
-    /// A grant that adds nothing and says the pool is empty, sent once to every node that
-    /// holds a line when the last credit (reserve included) is gone. Without it each
-    /// node would spend a fast path learning it from its first 429 (A48).
-    fn exhaustion_notice(
+    /// A grant that adds nothing and says whether the pool is spent: with `exhausted`,
+    /// sent once to every node that holds a line when the last credit (reserve
+    /// included) is gone, so none spends a fast path learning it from its first 429
+    /// (A48); without, to a line told so once credit is back in the pool, so its fast
+    /// path can ask again (`retry_exhausted_lines`). None when the line was already
+    /// told, the pool does not say so, or the window has ended.
+    fn pool_notice(
         &mut self,
         now: Now,
         node: NodeId,
         epoch: NodeEpoch,
         kw: KeyWindow,
+        exhausted: bool,
     ) -> Option<GrantEntry> {
         if now.wall_ms >= bus_window_end(kw) {
             return None;
         }
         let config = &self.config;
         let ledger = self.ledgers.get_mut(&kw)?;
+        let available = ledger.available(config);
         let reserve_left = !ledger.reserve_released && config.reserve(ledger.allowance) > 0;
-        if ledger.available(config) > 0 || reserve_left {
+        let pool_says = if exhausted {
+            available == 0 && !reserve_left
+        } else {
+            available > 0
+        };
+        if !pool_says {
             return None;
         }
         let line = ledger.lines.get_mut(&(node, epoch))?;
-        if line.told_exhausted || line.issued() == 0 {
+        // A line that never held credit has nothing to stop spending.
+        if line.told_exhausted == exhausted || (exhausted && line.issued() == 0) {
             return None;
         }
-        Some(line.issue(kw, epoch, 0, true))
+        Some(line.issue(kw, epoch, 0, exhausted))
     }
 
     /// D5: answered at once, on the request's reply subject.
@@ -875,7 +886,7 @@ impl FoldOwner {
             }
             let Some(g) = self
                 .size_grant(now, node, epoch, kw, false)
-                .or_else(|| self.exhaustion_notice(now, node, epoch, kw))
+                .or_else(|| self.pool_notice(now, node, epoch, kw, true))
             else {
                 continue;
             };
@@ -947,7 +958,8 @@ impl FoldOwner {
                 } else {
                     self.size_grant(now, node, epoch, kw, false)
                 };
-                let Some(g) = placed.or_else(|| self.reopen_notice(now, node, epoch, kw)) else {
+                let Some(g) = placed.or_else(|| self.pool_notice(now, node, epoch, kw, false))
+                else {
                     continue;
                 };
                 per_node.add(node, g);
@@ -966,30 +978,6 @@ impl FoldOwner {
                 entries,
             });
         }
-    }
-
-    /// The converse of `exhaustion_notice`: a grant that adds nothing and says the pool
-    /// has credit again, for a line told exhausted that wants nothing more right now.
-    fn reopen_notice(
-        &mut self,
-        now: Now,
-        node: NodeId,
-        epoch: NodeEpoch,
-        kw: KeyWindow,
-    ) -> Option<GrantEntry> {
-        if now.wall_ms >= bus_window_end(kw) {
-            return None;
-        }
-        let config = &self.config;
-        let ledger = self.ledgers.get_mut(&kw)?;
-        if ledger.available(config) == 0 {
-            return None;
-        }
-        let line = ledger.lines.get_mut(&(node, epoch))?;
-        if !line.told_exhausted {
-            return None;
-        }
-        Some(line.issue(kw, epoch, 0, false))
     }
 
     /// The keys in the hot lane now (C10), heaviest first.
