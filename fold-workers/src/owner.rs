@@ -631,9 +631,11 @@ impl FoldOwner {
         // strands on one node while another runs dry at the end of the pool (A2).
         let available_before = ledger.available(config);
         let full_want = |l: &Line| -> u64 {
-            let ahead_milli = l.demand * lead_rounds;
-            let target = (ahead_milli * config.headroom_permille).div_ceil(1_000_000)
-                + burst_allowance(ahead_milli, config.burst_sigmas);
+            let target = held_target(
+                l.demand * lead_rounds,
+                config.headroom_permille,
+                config.burst_sigmas,
+            );
             target.saturating_sub(l.outstanding())
         };
         // In the endgame, a key-window spread thin grants only whole requests of a
@@ -1053,6 +1055,14 @@ fn check_ledger(
         });
     }
     Ok(())
+}
+
+/// C4: the credit a node holds for `mean_milli` thousandths of a request expected over
+/// some rounds: h x that mean (`headroom_permille`), plus `sigmas` standard deviations of
+/// Poisson arrivals over it. The owner grants up to it for a line's lead; a node hands
+/// back what it holds above it for the rest of a window (the node's `rest_of_window`).
+pub fn held_target(mean_milli: u64, headroom_permille: u64, sigmas: u64) -> u64 {
+    (mean_milli * headroom_permille).div_ceil(1_000_000) + burst_allowance(mean_milli, sigmas)
 }
 
 /// `sigmas` standard deviations of Poisson arrivals whose mean is `mean_milli` / 1000.

@@ -1426,8 +1426,7 @@ impl NodeLimiter {
             // mean 0.207% (0.201%).
             Keep::RestOfWindow { mean_milli } if rec.exhausted => mean_milli.div_ceil(1_000),
             Keep::RestOfWindow { mean_milli } => {
-                (mean_milli * HEADROOM_PERMILLE).div_ceil(1_000_000)
-                    + (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
+                fold_workers::held_target(mean_milli, HEADROOM_PERMILLE, sigmas)
             }
         };
         let taken = credit::drain_above(
