@@ -67,19 +67,24 @@ fn one_request_at_a_node_of_a_thinly_spread_key_is_not_a_request_every_round() {
     );
 }
 
-/// A 40-unit key-window in its endgame, on five nodes: busy nodes take most of it. From
-/// the first report on, every line's full want is more than half of what is left, so each
-/// is granted one round of h x demand: 13, 13 and 8. While the key is on few nodes that
-/// round is rounded up: nodes 3 and 4, at half a request a round, get a unit each, and 4
-/// are left. The next line with demand makes the key-window spread thin.
-fn thin_endgame(owner: &mut FoldOwner, now: Now, kw: KeyWindow) {
+/// A fresh owner and key `key`'s 40-unit window at `common::START`, in its endgame on
+/// five nodes: busy nodes take most of it. From the first report on, every line's full
+/// want is more than half of what is left, so each is granted one round of h x demand:
+/// 13, 13 and 8. While the key is on few nodes that round is rounded up: nodes 3 and 4,
+/// at half a request a round, get a unit each, and 4 are left. The next line with demand
+/// makes the key-window spread thin.
+fn thin_endgame(key: u128) -> (FoldOwner, Now, KeyWindow) {
+    let now = common::START;
+    let mut owner = common::owner(20);
+    let kw = kw(key, now);
     assert_eq!(common::config(20).spread_lines, 6);
-    assert_eq!(report(owner, now, 0, kw, 10_000), 13);
-    assert_eq!(report(owner, now, 1, kw, 10_000), 13);
-    assert_eq!(report(owner, now, 2, kw, 6_000), 8);
+    assert_eq!(report(&mut owner, now, 0, kw, 10_000), 13);
+    assert_eq!(report(&mut owner, now, 1, kw, 10_000), 13);
+    assert_eq!(report(&mut owner, now, 2, kw, 6_000), 8);
     for n in 3..5 {
-        assert_eq!(report(owner, now, n, kw, 500), 1, "node {n}");
+        assert_eq!(report(&mut owner, now, n, kw, 500), 1, "node {n}");
     }
+    (owner, now, kw)
 }
 
 /// Node `node`'s fast path for `kw`, at half a request a round.
@@ -104,10 +109,7 @@ fn fast_path(owner: &mut FoldOwner, now: Now, node: u32, kw: KeyWindow) -> FastP
 
 #[test]
 fn near_the_end_of_a_thin_pool_a_node_short_of_a_request_a_round_holds_nothing() {
-    let now = common::START;
-    let mut owner = common::owner(20);
-    let kw = kw(3, now);
-    thin_endgame(&mut owner, now, kw);
+    let (mut owner, now, kw) = thin_endgame(3);
     // The line that makes it thin, and every one after it, gets only whole requests
     // of a round: nothing at half a request, 2 (not 3) at two requests a round.
     assert_eq!(report(&mut owner, now, 5, kw, 500), 0);
@@ -122,10 +124,7 @@ fn near_the_end_of_a_thin_pool_a_node_short_of_a_request_a_round_holds_nothing()
 
 #[test]
 fn credit_handed_back_in_a_thin_pool_reopens_the_fast_path_of_the_nodes_told_it_was_spent() {
-    let now = common::START;
-    let mut owner = common::owner(20);
-    let kw = kw(4, now);
-    thin_endgame(&mut owner, now, kw);
+    let (mut owner, now, kw) = thin_endgame(4);
     for n in 5..9 {
         assert_eq!(report(&mut owner, now, n, kw, 500), 0);
     }
