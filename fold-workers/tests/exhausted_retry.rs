@@ -1,6 +1,6 @@
 //! C4/A48: a node told its window is exhausted stops asking the fast path, so credit
-//! another node hands back later reaches it at the owner's next tick, not at its own
-//! next report rounds later.
+//! another node hands back later reaches it in the same owner step as the report that
+//! handed it back, not at its own next report rounds later.
 
 mod common;
 
@@ -35,17 +35,24 @@ fn report(
 }
 
 fn drain(owner: &mut FoldOwner, node: u32) -> Vec<GrantEntry> {
+    drain_all(owner)
+        .into_iter()
+        .filter(|(n, _)| *n == NodeId(node))
+        .map(|(_, g)| g)
+        .collect()
+}
+
+/// Every grant entry sent since, with the node it went to.
+fn drain_all(owner: &mut FoldOwner) -> Vec<(NodeId, GrantEntry)> {
     let mut got = Vec::new();
     while let Some(b) = owner.poll_grant() {
-        if b.node == NodeId(node) {
-            got.extend(b.entries);
-        }
+        got.extend(b.entries.into_iter().map(|g| (b.node, g)));
     }
     got
 }
 
 #[test]
-fn credit_returned_after_a_node_was_told_exhausted_reaches_it_at_the_next_tick() {
+fn credit_returned_after_a_node_was_told_exhausted_reaches_it_with_the_report_that_returned_it() {
     let now = common::START;
     let kw = kw(now);
     // A 1 s window of 40: its 2% reserve rounds to 0, so the pool touching 0 is
@@ -95,24 +102,22 @@ fn credit_returned_after_a_node_was_told_exhausted_reaches_it_at_the_next_tick()
     // Node 0 goes quiet and hands 20 back; it wants nothing, so its own report places
     // none of it.
     let returned = 20;
-    let back = report(
-        &mut owner,
-        now,
-        0,
-        2,
-        ReportEntry {
-            applied_grant: allowance - held,
-            returned,
-            ..line(kw, allowance)
-        },
+    let entry = ReportEntry {
+        applied_grant: allowance - held,
+        returned,
+        ..line(kw, allowance)
+    };
+    owner.handle_report_batch(now, &batch(0, 2, now, vec![entry]));
+    // Node 1 sends no report (its line is not due), so the owner offers it the
+    // returned credit, and reopens its fast path, in the step that took the return:
+    // no tick comes between.
+    let sent = drain_all(&mut owner);
+    assert!(
+        sent.iter().all(|(n, _)| *n == NodeId(1)),
+        "{sent:?}: node 0 wants nothing, so none of it goes back there"
     );
-    assert!(back.is_empty());
-    // Node 1 sends no report (its line is not due), so only the tick can offer it the
-    // returned credit, and reopen its fast path.
-    owner.handle_tick(now);
-    let retried = drain(&mut owner, 1);
-    assert_eq!(retried.len(), 1, "node 1 is offered the returned credit");
-    let g = retried[0];
+    assert_eq!(sent.len(), 1, "node 1 is offered the returned credit");
+    let g = sent[0].1;
     assert_eq!(g.key_window, kw);
     assert!(
         g.credit_total > held && g.credit_total <= held + returned,
@@ -125,7 +130,7 @@ fn credit_returned_after_a_node_was_told_exhausted_reaches_it_at_the_next_tick()
     owner
         .check_invariants()
         .expect("outstanding credit within the allowance");
-    // The line is no longer starved: a second tick sends nothing.
+    // The line is no longer starved: a tick sends nothing.
     owner.handle_tick(now);
     assert!(drain(&mut owner, 1).is_empty());
 }
