@@ -195,8 +195,8 @@ impl Bus {
         });
     }
 
-    /// The next delivery due at or before `now_us` (its envelope queued for the codec
-    /// check if asked).
+    /// The next delivery due at or before `now_us`. Once delivered, its envelope goes to
+    /// `checked`.
     pub fn pop_due(&mut self, now_us: u64) -> Option<(Target, Payload)> {
         loop {
             if self.queue.peek()?.at_us > now_us {
@@ -208,13 +208,18 @@ impl Bus {
                 continue;
             }
             self.stats.delivered += 1;
-            if let Some(codec) = self.codec.as_mut()
-                && !matches!(s.payload, Payload::GsHits(_) | Payload::GsRemaining(_))
-            {
-                // The global-sync baseline is not Foldgate's protocol and has no envelope.
-                codec.push(s.payload.clone());
-            }
             return Some((s.target, s.payload));
+        }
+    }
+
+    /// An envelope `pop_due` gave out, now delivered: queued for the codec check if
+    /// asked. Moved rather than copied, since the run is done with it.
+    pub fn checked(&mut self, payload: Payload) {
+        if let Some(codec) = self.codec.as_mut()
+            && !matches!(payload, Payload::GsHits(_) | Payload::GsRemaining(_))
+        {
+            // The global-sync baseline is not Foldgate's protocol and has no envelope.
+            codec.push(payload);
         }
     }
 
@@ -335,7 +340,10 @@ mod tests {
         for _ in 0..3 * CODEC_BATCH {
             bus.send(0, Target::Owner(0), report(1));
         }
-        while bus.pop_due(u64::MAX).is_some() {}
+        // Three batches' worth, so spent batches come back to this thread and are reused.
+        while let Some((_, payload)) = bus.pop_due(u64::MAX) {
+            bus.checked(payload);
+        }
         assert_eq!(bus.finish(), None);
 
         let mut bus = Bus::new(params(), 1);
@@ -344,9 +352,10 @@ mod tests {
         // What is delivered is what was sent; the check reports the fault at the end.
         let mut sizes = Vec::new();
         while let Some((_, payload)) = bus.pop_due(u64::MAX) {
-            if let Payload::Report(r) = payload {
+            if let Payload::Report(r) = &payload {
                 sizes.push(r.entries.len());
             }
+            bus.checked(payload);
         }
         sizes.sort_unstable();
         assert_eq!(sizes, [1, 2]);

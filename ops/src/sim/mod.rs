@@ -790,14 +790,14 @@ impl Sim {
         }
     }
 
-    fn deliver(&mut self, t_ms: u64, target: Target, payload: Payload) {
+    fn deliver(&mut self, t_ms: u64, target: Target, payload: &Payload) {
         match (target, payload) {
             (Target::Owner(s), Payload::Report(r)) => {
                 let now = Self::owner_now(t_ms);
                 let Some(owner) = self.owners[s as usize].owner.as_mut() else {
                     return;
                 };
-                owner.handle_report_batch(now, &r);
+                owner.handle_report_batch(now, r);
                 if let Err(e) = owner.check_key_windows(r.entries.iter().map(|e| &e.key_window)) {
                     self.violation(t_ms, format!("owner {s}: {e}"));
                 }
@@ -808,7 +808,7 @@ impl Sim {
                 let Some(owner) = self.owners[s as usize].owner.as_mut() else {
                     return;
                 };
-                let reply = owner.handle_fast_path_request(now, &f);
+                let reply = owner.handle_fast_path_request(now, f);
                 if let Err(e) = owner.check_key_windows([&f.entry.key_window]) {
                     self.violation(t_ms, format!("owner {s}: {e}"));
                 }
@@ -823,13 +823,13 @@ impl Sim {
                 let Some(limiter) = self.nodes[n as usize].limiter.as_mut() else {
                     return;
                 };
-                limiter.handle_grant_batch(now, &g);
+                limiter.handle_grant_batch(now, g);
                 self.node_step(n as usize, t_ms);
             }
             (Target::Node(n), Payload::FastPathReply(r)) => {
                 let now = self.node_now(n as usize, t_ms);
                 if let Some(limiter) = self.nodes[n as usize].limiter.as_mut() {
-                    limiter.handle_fast_path_reply(now, &r);
+                    limiter.handle_fast_path_reply(now, r);
                     self.node_step(n as usize, t_ms);
                 }
             }
@@ -841,11 +841,11 @@ impl Sim {
                         .map_or(0, |w| w.limit)
                 };
                 if self.owners[s as usize].revive_at_ms.is_none() {
-                    self.owners[s as usize].gs.handle_hits(&h, limit_of);
+                    self.owners[s as usize].gs.handle_hits(h, limit_of);
                 }
             }
             (Target::Node(n), Payload::GsRemaining(r)) => {
-                self.nodes[n as usize].gs.handle_remaining(&r);
+                self.nodes[n as usize].gs.handle_remaining(r);
             }
             _ => {}
         }
@@ -1264,7 +1264,8 @@ impl Sim {
                 }
             }
             while let Some((target, payload)) = self.bus.pop_due(t_ms * 1_000) {
-                self.deliver(t_ms, target, payload);
+                self.deliver(t_ms, target, &payload);
+                self.bus.checked(payload);
             }
             for i in 0..n {
                 if (t_ms + self.nodes[i].phase_ms).is_multiple_of(ROUND_MS)

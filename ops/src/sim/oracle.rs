@@ -171,13 +171,15 @@ impl BooksThread {
             BOOKING_BATCH,
             BOOKING_BATCHES_QUEUED,
             move |batches| {
-                for b in batches.flatten() {
-                    match b {
-                        Booking::Offered { k, wall_ms } => {
-                            books.offer(k, wall_ms);
-                        }
-                        Booking::Admitted { k, node_wall_ms } => {
-                            books.admitted(k, node_wall_ms);
+                for batch in batches {
+                    for b in batch.iter() {
+                        match *b {
+                            Booking::Offered { k, wall_ms } => {
+                                books.offer(k, wall_ms);
+                            }
+                            Booking::Admitted { k, node_wall_ms } => {
+                                books.admitted(k, node_wall_ms);
+                            }
                         }
                     }
                 }
