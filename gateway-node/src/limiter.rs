@@ -293,7 +293,7 @@ const PEAK_HALF_LIFE_ROUNDS: u64 = 160;
 
 impl KeyTrack {
     fn demand(&self, slot: usize) -> u64 {
-        self.demand_milli[slot].max(self.last_round_milli[slot])
+        reported_demand(&self.demand_milli, &self.last_round_milli, slot)
     }
 
     /// The recent peak as of `round`, decayed on read so a quiet key costs nothing.
@@ -396,6 +396,17 @@ impl KeyTrack {
     }
 }
 
+/// A window's demand as a line reports it (`KeyTrack::demand`): the larger of the
+/// smoothed rate and the last round's count, so a burst shows in the round it starts.
+/// `QuietRun` reads its own copies of the two through this too.
+fn reported_demand(
+    demand_milli: &[u64; PLAN_WINDOWS_MAX],
+    last_round_milli: &[u64; PLAN_WINDOWS_MAX],
+    slot: usize,
+) -> u64 {
+    demand_milli[slot].max(last_round_milli[slot])
+}
+
 /// One round of `KeyTrack`'s peak-biased smoothing: rises within one round, decays over
 /// about eight (see `KeyTrack::observe`).
 fn smoothed(demand_milli: u64, sample_milli: u64) -> u64 {
@@ -439,7 +450,8 @@ impl QuietRun {
     /// hands idle credit back (`KeyTrack::idle`) or a line's demand (`KeyTrack::demand`)
     /// has left the band it is in now.
     fn first_due(mut self, rounds: u64, idle_min: u32, idle_cap: u32) -> Option<u64> {
-        let demand = |r: &Self, slot: usize| r.demand_milli[slot].max(r.last_round_milli[slot]);
+        let demand =
+            |r: &Self, slot: usize| reported_demand(&r.demand_milli, &r.last_round_milli, slot);
         let bands: [u32; PLAN_WINDOWS_MAX] =
             std::array::from_fn(|slot| line_band(demand(&self, slot)));
         for j in 1..rounds {
