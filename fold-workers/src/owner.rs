@@ -35,7 +35,14 @@ pub struct OwnerConfig {
     pub lead_window_divisor: u64,
     /// Demand is a rate; arrivals are not. On top of `h x demand x lead`, a node holds
     /// this many standard deviations of Poisson arrivals over the lead, so an ordinary
-    /// burst does not cost a fast path (A48).
+    /// burst does not cost a fast path (A48). One, not two: each term is rounded up, so
+    /// at the small demands of a 1 s window's two-round lead the second sigma was a
+    /// whole unit more on every line, and credit held ahead strands (A2). Seeds 1-4,
+    /// two -> one: fast paths fell too (pinned 0.459% -> 0.424%, shift 0.494% ->
+    /// 0.456%), every steady row's under mean fell (uniform 4.199% -> 4.159%, zipf 1.148%
+    /// -> 1.104%, hot-key 0.163% -> 0.152%, bursty 0.058% -> 0.048%, pinned 0.0686% ->
+    /// 0.0675%) and zipf's and bursty's 60 s p99 too (2.400% -> 2.267%, 0.600% ->
+    /// 0.533%), for 2-6% more grants (BENCHMARKS.md).
     pub burst_sigmas: u64,
     /// C5: reserve, thousandths of the allowance.
     pub reserve_permille: u64,
@@ -82,7 +89,7 @@ impl OwnerConfig {
             headroom_permille: 1_250,
             lead_rounds: 8,
             lead_window_divisor: 20,
-            burst_sigmas: 2,
+            burst_sigmas: 1,
             reserve_permille: 20,
             spread_lines: 6,
             spread_demand_milli: 250,
