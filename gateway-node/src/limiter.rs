@@ -52,6 +52,10 @@ pub struct NodeConfig {
     /// most: a busy key's goes back sooner (`NodeLimiter::idle_return_after`). After this
     /// many, again only each time the quiet key's decaying demand halves (`scan_key`).
     pub idle_return_rounds: u32,
+    /// C4: `idle_return_rounds` for a key this node sees only a small share of
+    /// (`NodeLimiter::idle_cap_for`): at most this many quiet rounds. A test that keeps
+    /// idle credit sets it to `u32::MAX` too.
+    pub idle_return_rounds_thin: u32,
     /// C4: the fewest quiet rounds after which even a busy key's credit goes back. A
     /// test that keeps idle credit sets this and `idle_return_rounds` to `u32::MAX`.
     pub idle_return_rounds_min: u32,
@@ -88,6 +92,7 @@ impl NodeConfig {
             missed_rounds_limit: 2,
             degraded_after_ms: 30_000,
             idle_return_rounds: 8,
+            idle_return_rounds_thin: 4,
             idle_return_rounds_min: 3,
             prefetch_rounds: 2,
             rest_return: true,
@@ -261,6 +266,9 @@ struct KeyTrack {
     /// is not visited in had no decisions for it, and are taken in as quiet rounds when
     /// it next is (`KeyTrack::observe`).
     scanned_round: u64,
+    /// The idle wait `scan_key` chose at the key's last visit (`NodeLimiter::idle_cap_for`;
+    /// 0: not visited yet), so that `schedule` plans the visit at which it runs out.
+    idle_cap: u32,
 }
 
 /// Per plan slot and parity, the window number a credit word holds, if any. `u64::MAX`
@@ -1066,6 +1074,35 @@ impl NodeLimiter {
             .clamp(min.min(cap), cap)
     }
 
+    /// C4: the idle wait for a key whose rate here, `rate_milli` thousandths of a request
+    /// a round when its quiet spell began, is under half the pace of its slowest window
+    /// (its allowance spread evenly over the window's rounds): `thin` rounds, at most
+    /// `cap`; any other key's is `cap`. Such a node is one of several the key's traffic
+    /// is spread over, so the idle credit it keeps through a gap of `cap` rounds is
+    /// credit the others ask the owner for, and the window's pool runs dry while it sits
+    /// here (A2). One seeing half the pace or more (a key pinned to one or two nodes)
+    /// keeps its credit through an ordinary gap, which its next request would otherwise
+    /// spend on a fast path: a wait of 5 for every key cut uniform's 1 s under mean
+    /// 4.18% -> 2.61% but put pinned's fast path at 0.557%, over its 0.5% (seed 1,
+    /// BENCHMARKS.md).
+    fn idle_cap_for(
+        rate_milli: u64,
+        windows: &[bus_schemas::WindowSpec],
+        round_ms: u32,
+        cap: u32,
+        thin: u32,
+    ) -> u32 {
+        const THIN_SHARE_DIVISOR: u64 = 2;
+        let slowest_pace_milli = windows
+            .iter()
+            .map(|w| w.limit * u64::from(round_ms) * 1_000 / u64::from(w.length_ms.max(1)))
+            .min();
+        match slowest_pace_milli {
+            Some(pace) if rate_milli * THIN_SHARE_DIVISOR < pace => thin.min(cap),
+            _ => cap,
+        }
+    }
+
     /// C4: quiet rounds after which a window's credit goes back although its key is busy,
     /// because a shorter window of the plan stops every request first: two of the
     /// shortest such window's lengths (80 rounds for a 60 s window under a 1 s one), so
@@ -1134,6 +1171,14 @@ impl NodeLimiter {
         let wanted_round = track.wanted_round;
         let demands: [u64; PLAN_WINDOWS_MAX] = std::array::from_fn(|slot| track.demand(slot));
         let active = delta > 0 || track.demand_milli.iter().any(|d| *d > 0);
+        let idle_cap = Self::idle_cap_for(
+            track.quiet_from_milli,
+            bucket.policy().windows(),
+            self.config.round_ms,
+            idle_cap,
+            self.config.idle_return_rounds_thin,
+        );
+        track.idle_cap = idle_cap;
         let idle = track.idle(band_moved, idle_min, idle_cap);
         // Whether a window still needs ensure_record + install: absent, or its credit
         // not yet in a word. Both are no-ops on a live or closed record, the common
@@ -1242,6 +1287,11 @@ impl NodeLimiter {
         if let Some(track) = state.track.as_ref()
             && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
         {
+            // The wait the key's last visit chose; never longer than the configured one.
+            let idle_cap = match track.idle_cap {
+                0 => idle_cap,
+                chosen => chosen,
+            };
             let limit = due.min(horizon).saturating_sub(round);
             if let Some(j) = QuietRun::of(track).first_due(limit, idle_min, idle_cap) {
                 due = due.min(round + j);

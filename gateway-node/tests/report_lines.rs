@@ -100,6 +100,7 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
             fleet_size: 1,
             shards: 1,
             idle_return_rounds: u32::MAX,
+            idle_return_rounds_thin: u32::MAX,
             idle_return_rounds_min: u32::MAX,
             ..gateway_node::NodeConfig::reference(bus_schemas::NodeId(0))
         };

@@ -194,6 +194,7 @@ fn a_new_owner_learns_credit_held_by_a_quiet_node() {
     // holding credit and only the acknowledgement rule can reveal it.
     let mut fleet = Fleet::with_node_config(2, 1, |c| {
         c.idle_return_rounds = u32::MAX;
+        c.idle_return_rounds_thin = u32::MAX;
         c.idle_return_rounds_min = u32::MAX;
         c.rest_return = false;
         c.refresh_rounds = u32::MAX;

@@ -147,6 +147,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
             // Keep idle credit, so the held figure below only moves if a bad envelope
             // were applied.
             idle_return_rounds: u32::MAX,
+            idle_return_rounds_thin: u32::MAX,
             idle_return_rounds_min: u32::MAX,
             rest_return: false,
             ..NodeConfig::reference(NodeId(0))
