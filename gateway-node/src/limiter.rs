@@ -655,9 +655,9 @@ fn demand_band(demand: u64) -> u32 {
 /// Below this demand (thousandths of a request per round: one request in four rounds) a
 /// line is not re-sent for a change of band, only for reaching 0 or leaving it. Down
 /// there the owner's grant for it is a unit or two whatever the band (C4: h x demand x
-/// lead plus `burst_sigmas` standard deviations of Poisson arrivals, rounded up), while the bands
-/// cost a line per halving of every quiet key's decaying demand: two thirds of all
-/// report lines at the reference load (BENCHMARKS.md, simulator). Idle returns
+/// lead plus `burst_sigmas` standard deviations of Poisson arrivals, rounded up), while
+/// the bands cost a line per halving of every quiet key's decaying demand: two thirds of
+/// all report lines at the reference load (BENCHMARKS.md, simulator). Idle returns
 /// still follow every band, so credit a quiet node holds goes back as before.
 const LINE_BAND_FLOOR_MILLI: u64 = 256;
 
