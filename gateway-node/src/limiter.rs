@@ -1719,6 +1719,9 @@ impl NodeLimiter {
             })
             .collect();
         drop(bucket);
+        // The key's, so the same for every window asked for (sending one does not move
+        // the demand track).
+        let demand = self.fast_path_demand(&need.key);
         let mut sent = 0;
         for (slot, length_ms, limit, ask) in windows {
             if !ask {
@@ -1728,7 +1731,7 @@ impl NodeLimiter {
                 key: need.key,
                 window: window_at(need.key, length_ms, now.wall_ms),
             };
-            sent += usize::from(self.send_fast_path(now, current, slot, limit));
+            sent += usize::from(self.send_fast_path(now, current, slot, limit, demand));
             if window_end_ms(need.key, current.window).saturating_sub(now.wall_ms) <= round_ms {
                 // The window ends before the next round: credit for it alone would leave
                 // the next window's first requests short with this round's ask spent
@@ -1738,7 +1741,7 @@ impl NodeLimiter {
                     key: need.key,
                     window: next_window(current.window),
                 };
-                sent += usize::from(self.send_fast_path(now, next, slot, limit));
+                sent += usize::from(self.send_fast_path(now, next, slot, limit, demand));
             }
         }
         sent
@@ -1772,8 +1775,16 @@ impl NodeLimiter {
         }
     }
 
-    /// One D5 request for `kw`; false when the link is not healthy or the caps are hit.
-    fn send_fast_path(&mut self, now: Now, kw: KeyWindow, slot: usize, limit: u64) -> bool {
+    /// One D5 request for `kw`, advertising at least `key_demand` (`fast_path_demand`);
+    /// false when the link is not healthy or the caps are hit.
+    fn send_fast_path(
+        &mut self,
+        now: Now,
+        kw: KeyWindow,
+        slot: usize,
+        limit: u64,
+        key_demand: u64,
+    ) -> bool {
         let shard = kw.shard(self.config.shards);
         if self.link_health(shard, now) != LinkHealth::Healthy
             || self.pending.len() >= self.config.pending_fast_path_cap
@@ -1793,7 +1804,7 @@ impl NodeLimiter {
         self.mark_dirty(kw.key);
         let rec = self.record(&kw).expect("ensured above");
         let mut entry = self.line(&kw, rec);
-        entry.demand = entry.demand.max(self.fast_path_demand(&kw.key));
+        entry.demand = entry.demand.max(key_demand);
         let request_id = self.next_request_id;
         self.next_request_id += 1;
         self.pending.insert(
