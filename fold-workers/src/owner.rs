@@ -682,6 +682,17 @@ impl FoldOwner {
                 .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
                 as u64;
             want = want.max(pace).max(1);
+            // D5 allows one fast path a round, and in a key-window spread thin that was
+            // the largest cause of 429s with credit still in the pool (uniform, seed 1,
+            // 30 s: 4,318 of 6,297): a second request in the same round found the one
+            // unit spent. While a quarter of the pool is unissued the answer covers it
+            // too; a unit the node does not spend goes back within its thin idle wait
+            // (`NodeConfig::idle_return_rounds_thin`). Later in the pool a unit held
+            // ahead is one another node's request will miss (two at any time: uniform's
+            // 1 s mean 3.04% -> 3.18% at seed 1). BENCHMARKS.md has the figures.
+            if thin && available_before.saturating_mul(4) >= ledger.allowance {
+                want = want.max(2);
+            }
             // A node that holds nothing of this window yet asks for at least its 1/fleet
             // share (what fixed mode and an F4 self-grant would give it unasked). One
             // round of pace is a single unit for any plan under 40 per second per node,

@@ -161,3 +161,47 @@ fn grants(owner: &mut FoldOwner, kw: KeyWindow) -> Vec<(NodeId, u64, bool)> {
     }
     got
 }
+
+/// D5: a node may ask once a round. In a key-window spread thin, while a quarter of
+/// its pool is still unissued, the answer covers a second request of the round too;
+/// past that (`near_the_end_of_a_thin_pool_..` above), one unit.
+#[test]
+fn early_in_a_thin_pool_a_fast_path_covers_a_second_request_of_the_round() {
+    let now = common::START;
+    let mut owner = common::owner(20);
+    let kw = kw(5, now);
+    assert_eq!(common::config(20).spread_lines, 6);
+    // Two busy nodes take 26 of the 40; three slow ones a unit each (one round of h x
+    // demand, rounded up, while the key is on few nodes); the sixth line makes the
+    // key-window thin and gets nothing. 11 are left: more than a quarter of the pool,
+    // less than half (so a new node's 1/fleet share does not apply).
+    assert_eq!(report(&mut owner, now, 0, kw, 10_000), 13);
+    assert_eq!(report(&mut owner, now, 1, kw, 10_000), 13);
+    for n in 2..5 {
+        assert_eq!(report(&mut owner, now, n, kw, 200), 1, "node {n}");
+    }
+    assert_eq!(report(&mut owner, now, 5, kw, 200), 0);
+    // A node the key has just reached, with no demand on record: one round of pace is
+    // a single unit, and the second request's unit comes with it.
+    let reply = owner.handle_fast_path_request(
+        now,
+        &FastPathRequest {
+            node: NodeId(6),
+            node_epoch: NodeEpoch(1),
+            shard: ShardId(0),
+            request_id: 1,
+            owner_epoch_seen: OwnerEpoch(1),
+            entry: ReportEntry {
+                demand: 0,
+                ..line(kw, 40)
+            },
+        },
+    );
+    match reply.outcome {
+        FastPathOutcome::Granted(g) => assert_eq!((g.credit_total, g.exhausted), (2, false)),
+        other => panic!("the fast path was refused: {other:?}"),
+    }
+    owner
+        .check_invariants()
+        .expect("outstanding credit within the allowance");
+}
