@@ -88,17 +88,7 @@ fn a_quiet_line_is_resent_for_each_halving_only_above_the_floor() {
 #[test]
 fn credit_a_window_cannot_spend_before_its_end_goes_back() {
     for (busy, exhausted) in [(false, false), (true, false), (true, true)] {
-        let windows = [WindowSpec {
-            length_ms: 1_000,
-            limit: 100,
-        }];
-        let policy = gateway_node::KeyPolicy::new(&windows, 25).unwrap();
-        let surface = std::sync::Arc::new(gateway_node::DecisionSurface::new(
-            gateway_node::SurfaceConfig::default(),
-        ));
         let config = gateway_node::NodeConfig {
-            fleet_size: 1,
-            shards: 1,
             idle_return_rounds: u32::MAX,
             idle_return_rounds_thin: u32::MAX,
             idle_return_rounds_min: u32::MAX,
@@ -107,49 +97,22 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
         // Where the test reads what was kept, and what the keep rule allows then at a
         // request a round: 29 rounds left at the first, 4 at the last.
         let late_rounds = 4u64;
-        let mut node =
-            gateway_node::NodeLimiter::new(config, surface.clone(), bus_schemas::NodeEpoch(1), T0);
-        let k = key(11);
-        // The window after T0's, so the 30 rounds before its end are all after T0.
-        let window = window_at(k, 1_000, T0.wall_ms + 1_000);
-        let kw = KeyWindow { key: k, window };
-        let end_ms = gateway_node::window::window_end_ms(k, window);
+        let mut run = WindowRun::new(key(11), 100, config);
+        let end_ms = run.end_ms;
         let start_ms = end_ms - 30 * 25;
-        let at = |ms: u64| bus_schemas::Now {
-            wall_ms: ms,
-            mono_ms: T0.mono_ms + (ms - T0.wall_ms),
-        };
-        let _ = surface.decide(k, start_ms, &policy);
-        node.handle_tick(at(start_ms));
-        let grant = bus_schemas::GrantBatch {
-            owner_epoch: bus_schemas::OwnerEpoch(1),
-            shard: bus_schemas::ShardId(0),
-            node: node.node(),
-            entries: vec![bus_schemas::GrantEntry {
-                key_window: kw,
-                node_epoch: node.epoch(),
-                grant_seq: 1,
-                credit_total: 60,
-                exhausted,
-            }],
-        };
-        node.handle_grant_batch(at(start_ms), &grant);
+        run.request(start_ms);
+        run.node.handle_tick(WindowRun::at(start_ms));
+        run.grant(start_ms, 60, exhausted);
         let mut first_round = None;
         let mut late = None;
         for round in 1..30u64 {
             let now_ms = start_ms + round * 25;
             if busy {
                 // About one request a round, admitted from held credit.
-                let _ = surface.decide(k, now_ms, &policy);
+                run.request(now_ms);
             }
-            node.handle_tick(at(now_ms));
-            // The owner answers every report (F2: proof of contact), here with nothing.
-            let contact = bus_schemas::GrantBatch {
-                entries: Vec::new(),
-                ..grant.clone()
-            };
-            node.handle_grant_batch(at(now_ms), &contact);
-            let now_line = node.line_for(&kw).expect("live line");
+            run.round(now_ms);
+            let now_line = run.line();
             let returned = now_line.returned;
             let left_rounds = (end_ms - now_ms).div_ceil(25);
             if round == 1 {
@@ -159,7 +122,7 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
                 late = Some(now_line.held_credit);
             }
         }
-        let line = node.line_for(&kw).expect("live line");
+        let line = run.line();
         let spent = line.cumulative_spend;
         let held = 60 - spent - line.returned;
         let (first_returned, first_kept) = first_round.expect("round 1 was ticked");
@@ -188,6 +151,6 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
             );
             assert_eq!(held, 0);
         }
-        node.check_invariants().unwrap();
+        run.node.check_invariants().unwrap();
     }
 }
