@@ -47,17 +47,25 @@ pub struct OwnerConfig {
     /// C5: reserve, thousandths of the allowance.
     pub reserve_permille: u64,
     /// A key-window that at least this many node epochs report demand for is spread
-    /// thin (see `spread_demand_milli`).
+    /// thin. There, a rise a line reports is taken in as the node's own smoothing takes
+    /// a round's sample, an eighth of the step, not at once: a node reports its last
+    /// round's count when that is above its smoothed rate, so the one request that a
+    /// node of a key spread over the fleet sees every second or so reads as a request
+    /// every round, and the grant sized from it sits on that node while the pool runs
+    /// dry for the next one (C4, A2). A real rise shows within a few rounds; until then
+    /// the fast path covers it. Every rise, not only those of a line under a quarter of
+    /// a request a round to at most one a round (the rule before): uniform's 1 s under
+    /// p99 / mean at seed 1 15.0% / 2.87% -> 5.0% / 0.38%, zipf's 10.0% / 0.72% ->
+    /// 5.0% / 0.34% (with `thin_endgame_permille`, 2.5% in both; BENCHMARKS.md).
     pub spread_lines: u64,
-    /// In a key-window spread thin, a line whose demand is under this (thousandths of a
-    /// request per round) takes a reported rise to at most one request a round in as the
-    /// node's own smoothing does, an eighth of the step, instead of at once. A node
-    /// reports its last round's count when that is above its smoothed rate, so the one
-    /// request that a node of a key spread over the fleet sees every second or so reads
-    /// as a request every round, and the grant sized from it (two to three units of a
-    /// 40-unit window) sits on that node while the pool runs dry for the next one (C4,
-    /// A2).
-    pub spread_demand_milli: u64,
+    /// In the endgame (`FoldOwner::size_grant`), a line of a key-window spread thin is
+    /// granted this share (thousandths) of a round of `h x demand`, rounded down; a node
+    /// reads a request's chance as a whole one, and one round of it, rounded down, was
+    /// a unit on every node that had seen two requests in a round, which the window's
+    /// end mostly found unspent. Half: with the smoothing of `spread_lines`, seeds 1-8
+    /// put uniform's and zipf's 1 s under p99 at 2.5% / 5.0% (a whole round: 5.0% /
+    /// 5.0%; a third: 2.5% / 5.0% at seed 5 with zipf's 60 s p99 worse).
+    pub thin_endgame_permille: u64,
     /// C8: rounds a reappearing or self-granting node is withheld.
     pub withhold_rounds: u64,
     /// A node unseen this many rounds counts as absent.
@@ -92,7 +100,7 @@ impl OwnerConfig {
             burst_sigmas: 1,
             reserve_permille: 20,
             spread_lines: 6,
-            spread_demand_milli: 250,
+            thin_endgame_permille: 500,
             withhold_rounds: 1,
             absent_after_rounds: 2,
             takeover_ack_timeout_ms: None,
@@ -114,15 +122,15 @@ impl OwnerConfig {
     fn fixed_share(&self, allowance: u64) -> u64 {
         allowance * (1_000 - self.reserve_permille) / 1_000 / u64::from(self.fleet_size)
     }
+}
 
-    /// A line's demand after a report of `reported`, from `held` (see
-    /// `spread_demand_milli`); `thin`: its key-window is spread thin.
-    fn line_demand(&self, thin: bool, held: u64, reported: u64) -> u64 {
-        if thin && held < self.spread_demand_milli && reported > held && reported <= 1_000 {
-            smoothed_rise(held, reported)
-        } else {
-            reported
-        }
+/// A line's demand after a report of `reported`, from `held` (see
+/// `OwnerConfig::spread_lines`); `thin`: its key-window is spread thin.
+fn line_demand(thin: bool, held: u64, reported: u64) -> u64 {
+    if thin && reported > held {
+        smoothed_rise(held, reported)
+    } else {
+        reported
     }
 }
 
@@ -536,7 +544,7 @@ impl FoldOwner {
             entry.self_granted > line.self_granted && self.config.mode == OwnerMode::Leasing;
         line.seq = seq;
         line.spend = line.spend.max(entry.cumulative_spend);
-        line.demand = self.config.line_demand(thin, line.demand, entry.demand);
+        line.demand = line_demand(thin, line.demand, entry.demand);
         line.applied = line.applied.max(entry.applied_grant);
         let returned_more = entry.returned > line.returned;
         line.returned = line.returned.max(entry.returned);
@@ -648,9 +656,9 @@ impl FoldOwner {
             );
             target.saturating_sub(l.outstanding())
         };
-        // In the endgame, a key-window spread thin grants only whole requests of a
-        // round's demand, rounded down: a node that expects less than one request a
-        // round holds nothing and asks the fast path when one comes, so the pool's last
+        // In the endgame, a key-window spread thin grants only whole requests of part
+        // of a round's demand (`thin_endgame_permille`), rounded down: a node that
+        // expects less than that holds nothing and asks the fast path when one comes, so the pool's last
         // credit stays with the owner for whichever node that is, instead of a unit on
         // each of twenty nodes of which most see no further request before the window
         // turns over (A2). Rounded up as elsewhere, seeds 1-4 under 1 s mean / p99 (60 s
@@ -662,7 +670,7 @@ impl FoldOwner {
         let lean_want = |l: &Line| -> u64 {
             let lean = l.demand * config.headroom_permille;
             let lean = if thin {
-                lean / 1_000_000
+                lean * config.thin_endgame_permille / 1_000_000_000
             } else {
                 lean.div_ceil(1_000_000)
             };
@@ -839,10 +847,10 @@ impl FoldOwner {
                 line.applied = line.applied.max(req.entry.applied_grant);
                 // The request advertises the key's busiest demand and its recent peak
                 // (a burst's first sign); for a line of a key spread thin that is the
-                // same one-round reading `line_demand` smooths, at most a request a
-                // round: the grant goes to the requester's request, not ahead of it.
-                line.demand = if thin && line.demand < self.config.spread_demand_milli {
-                    smoothed_rise(line.demand, req.entry.demand.min(1_000))
+                // same one-round reading `line_demand` smooths: the grant goes to the
+                // requester's request, not ahead of it.
+                line.demand = if thin {
+                    smoothed_rise(line.demand, req.entry.demand)
                 } else {
                     line.demand.max(req.entry.demand)
                 };

@@ -65,6 +65,9 @@ fn one_request_at_a_node_of_a_thinly_spread_key_is_not_a_request_every_round() {
         to_thin, 2,
         "a thin key's node is not granted a burst for one request"
     );
+    // Four requests in a node's last round are an eighth of the step too (500): two
+    // rounds of it at h 1.25 plus a sigma, 2 + 1, not the 10 + 3 of a burst reading.
+    assert_eq!(report(&mut owner, now, spread + 1, thin, 4_000), 3);
 }
 
 /// A fresh owner and key `key`'s 40-unit window at `common::START`, in its endgame on
@@ -111,15 +114,33 @@ fn fast_path(owner: &mut FoldOwner, now: Now, node: u32, kw: KeyWindow) -> FastP
 fn near_the_end_of_a_thin_pool_a_node_short_of_a_request_a_round_holds_nothing() {
     let (mut owner, now, kw) = thin_endgame(3);
     // The line that makes it thin, and every one after it, gets only whole requests
-    // of a round: nothing at half a request, 2 (not 3) at two requests a round.
+    // of half a round of h x demand: nothing at half a request, and nothing for two
+    // requests in the node's last round, which a key-window spread thin takes in as
+    // the node's smoothing would (250 thousandths; 2 units at once before).
     assert_eq!(report(&mut owner, now, 5, kw, 500), 0);
     assert_eq!(report(&mut owner, now, 6, kw, 500), 0);
-    assert_eq!(report(&mut owner, now, 7, kw, 2_000), 2);
+    assert_eq!(report(&mut owner, now, 7, kw, 2_000), 0);
     // What it kept goes to the node a request comes to, through the fast path.
     match fast_path(&mut owner, now, 6, kw) {
         FastPathOutcome::Granted(g) => assert_eq!((g.credit_total, g.exhausted), (1, false)),
         other => panic!("the fast path was refused: {other:?}"),
     }
+}
+
+#[test]
+fn near_the_end_of_a_thin_pool_a_busy_node_holds_half_a_round() {
+    let (mut owner, now, kw) = thin_endgame(6);
+    assert_eq!(report(&mut owner, now, 5, kw, 500), 0);
+    // Node 2, at six requests a round, has spent the 8 it held. Half a round of h x
+    // demand is 3.75: 3 units of the 4 left (a whole round would take all 4).
+    let spent = ReportEntry {
+        demand: 6_000,
+        cumulative_spend: 8,
+        applied_grant: 8,
+        ..line(kw, 40)
+    };
+    owner.handle_report_batch(now, &batch(2, 2, now, vec![spent]));
+    assert_eq!(grants(&mut owner, kw), vec![(NodeId(2), 11, false)]);
 }
 
 #[test]
@@ -204,4 +225,42 @@ fn early_in_a_thin_pool_a_fast_path_covers_a_second_request_of_the_round() {
     owner
         .check_invariants()
         .expect("outstanding credit within the allowance");
+}
+
+/// A fast path advertises the key's recent peak; in a key-window spread thin the owner
+/// takes a rise in it as it takes a reported one (`one_request_at_a_node_..`), whatever
+/// the line held before and however far it jumps.
+#[test]
+fn a_fast_path_in_a_thin_key_window_is_granted_for_its_request_not_for_a_burst_reading() {
+    let now = common::START;
+    let mut owner = common::owner(20);
+    let kw = kw(7, now);
+    // Node 0 at 300 thousandths before the key-window is thin: two units.
+    assert_eq!(report(&mut owner, now, 0, kw, 300), 2);
+    for n in 1..6 {
+        assert_eq!(report(&mut owner, now, n, kw, 200), 2, "node {n}");
+    }
+    // Node 0 spent both and asks, advertising four requests in its last round. Taken in
+    // as an eighth of the step (763), two rounds of it at h 1.25 plus a sigma are 2 + 2
+    // units; read at once, 10 + 3.
+    let reply = owner.handle_fast_path_request(
+        now,
+        &FastPathRequest {
+            node: NodeId(0),
+            node_epoch: NodeEpoch(1),
+            shard: ShardId(0),
+            request_id: 1,
+            owner_epoch_seen: OwnerEpoch(1),
+            entry: ReportEntry {
+                demand: 4_000,
+                cumulative_spend: 2,
+                applied_grant: 2,
+                ..line(kw, 40)
+            },
+        },
+    );
+    match reply.outcome {
+        FastPathOutcome::Granted(g) => assert_eq!(g.credit_total, 2 + 4),
+        other => panic!("the fast path was refused: {other:?}"),
+    }
 }
