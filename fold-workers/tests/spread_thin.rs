@@ -264,3 +264,42 @@ fn a_fast_path_in_a_thin_key_window_is_granted_for_its_request_not_for_a_burst_r
         other => panic!("the fast path was refused: {other:?}"),
     }
 }
+
+/// Node `node` (its second batch) hands back the 2 units it held, its demand gone to
+/// nothing: the grant entries for `kw` that come back.
+fn quiet_return(
+    owner: &mut FoldOwner,
+    now: Now,
+    node: u32,
+    kw: KeyWindow,
+) -> Vec<(NodeId, u64, bool)> {
+    let returned = ReportEntry {
+        applied_grant: 2,
+        returned: 2,
+        ..line(kw, 40)
+    };
+    owner.handle_report_batch(now, &batch(node, 2, now, vec![returned]));
+    grants(owner, kw)
+}
+
+#[test]
+fn while_half_a_thin_pool_is_unissued_a_quiet_node_is_topped_up_to_two_units() {
+    let now = common::START;
+    let mut owner = common::owner(20);
+    let kw = kw(8, now);
+    for n in 0..7 {
+        assert_eq!(report(&mut owner, now, n, kw, 200), 2, "node {n}");
+    }
+    // Node 0 goes quiet and hands its 2 back. Six lines still report demand, so the
+    // key-window is thin, and 28 of 40 are unissued: it gets 2 again (its total 4).
+    assert_eq!(
+        quiet_return(&mut owner, now, 0, kw),
+        vec![(NodeId(0), 4, false)]
+    );
+    // Five more lines: 24 issued. Node 1's 2 back leave 18 unissued, under half, so
+    // what it hands back stays in the pool.
+    for n in 7..12 {
+        assert_eq!(report(&mut owner, now, n, kw, 200), 2, "node {n}");
+    }
+    assert_eq!(quiet_return(&mut owner, now, 1, kw), vec![]);
+}
