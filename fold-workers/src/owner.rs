@@ -55,16 +55,16 @@ pub struct OwnerConfig {
     /// dry for the next one (C4, A2). A real rise shows within a few rounds; until then
     /// the fast path covers it. Every rise, not only those of a line under a quarter of
     /// a request a round to at most one a round (the rule before): uniform's 1 s under
-    /// p99 / mean at seed 1 15.0% / 2.87% -> 5.0% / 0.38%, zipf's 10.0% / 0.72% ->
+    /// p99 / mean at seed 1 12.5% / 2.87% -> 5.0% / 0.38%, zipf's 10.0% / 0.72% ->
     /// 5.0% / 0.34% (with `thin_endgame_permille`, 2.5% in both; BENCHMARKS.md).
     pub spread_lines: u64,
     /// In the endgame (`FoldOwner::size_grant`), a line of a key-window spread thin is
     /// granted this share (thousandths) of a round of `h x demand`, rounded down; a node
     /// reads a request's chance as a whole one, and one round of it, rounded down, was
     /// a unit on every node that had seen two requests in a round, which the window's
-    /// end mostly found unspent. Half: with the smoothing of `spread_lines`, seeds 1-8
-    /// put uniform's and zipf's 1 s under p99 at 2.5% / 5.0% (a whole round: 5.0% /
-    /// 5.0%; a third: 2.5% / 5.0% at seed 5 with zipf's 60 s p99 worse).
+    /// end mostly found unspent. Half, chosen at seed 1 with the smoothing of
+    /// `spread_lines`: uniform's and zipf's 1 s under p99 2.5% / 2.5%, against 5.0% /
+    /// 5.0% for a whole round and 2.5% / 5.0% for a third (BENCHMARKS.md).
     pub thin_endgame_permille: u64,
     /// While at least half of a thin key-window's pool is unissued (and it is not in its
     /// endgame), each of its lines is topped up to this many units, at most its 1/fleet
@@ -678,14 +678,15 @@ impl FoldOwner {
         };
         // In the endgame, a key-window spread thin grants only whole requests of part
         // of a round's demand (`thin_endgame_permille`), rounded down: a node that
-        // expects less than that holds nothing and asks the fast path when one comes, so the pool's last
-        // credit stays with the owner for whichever node that is, instead of a unit on
-        // each of twenty nodes of which most see no further request before the window
-        // turns over (A2). Rounded up as elsewhere, seeds 1-4 under 1 s mean / p99 (60 s
-        // p99): zipf 2.08% / 20.0% (3.80%), uniform 9.07% / 22.5%; rounded down, zipf
-        // 1.59% / 15.0% (2.67%), uniform 6.86% / 20.0%. Pinned and every other row
-        // within 0.01 point. The price is fast paths: zipf 17% -> 26% of requests,
-        // uniform 19% -> 42% (BENCHMARKS.md).
+        // expects less than that holds nothing and asks the fast path when one comes,
+        // so the pool's last credit stays with the owner for whichever node that is,
+        // instead of a unit on each of twenty nodes of which most see no further
+        // request before the window turns over (A2). Rounded up as elsewhere (a whole
+        // round), seeds 1-4 under 1 s mean / p99 (60 s p99): zipf 2.08% / 20.0%
+        // (3.80%), uniform 9.07% / 22.5%; rounded down, zipf 1.59% / 15.0% (2.67%),
+        // uniform 6.86% / 20.0%. Pinned and every other row within 0.01 point. The
+        // price is fast paths: zipf 17% -> 26% of requests, uniform 19% -> 42%
+        // (BENCHMARKS.md).
         let thin = ledger.spread_thin(config);
         let lean_want = |l: &Line| -> u64 {
             let lean = l.demand * config.headroom_permille;
