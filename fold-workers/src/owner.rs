@@ -702,7 +702,11 @@ impl FoldOwner {
         let want_of = |l: &Line| if endgame { lean_want(l) } else { full_want(l) };
         let line = *ledger.lines.get(&(node, epoch))?;
         let mut want = want_of(&line);
-        if thin && !endgame && available_before.saturating_mul(2) >= ledger.allowance {
+        // Half the pool unissued and not in the endgame: the window is far from its
+        // limit, and a unit held ahead costs no other node a request.
+        let slack = !endgame && available_before.saturating_mul(2) >= ledger.allowance;
+        if thin && slack {
+            // `OwnerConfig::thin_slack_floor`.
             let floor = config
                 .thin_slack_floor
                 .min(config.lease_share(ledger.allowance));
@@ -737,11 +741,7 @@ impl FoldOwner {
             // (a restarted node's new epoch, a key that moved) a share would strand on
             // a node whose demand is unknown, which the sim's restarts scenario showed
             // as under-admission. The fair split below still cuts it when short.
-            if config.mode == OwnerMode::Leasing
-                && line.issued() == 0
-                && !endgame
-                && available_before.saturating_mul(2) >= ledger.allowance
-            {
+            if config.mode == OwnerMode::Leasing && line.issued() == 0 && slack {
                 want = want.max(config.lease_share(ledger.allowance));
             }
         }
