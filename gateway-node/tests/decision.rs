@@ -528,3 +528,44 @@ fn grant_at_t0(
     };
     node.handle_grant_batch(T0, &batch);
 }
+
+/// D5/C4: a fast path advertises at least the requests its key has had this round,
+/// which no tick has seen yet: the first round of a burst sizes its grant.
+#[test]
+fn a_fast_path_advertises_the_requests_of_the_round_so_far() {
+    let k = key(11);
+    let mut run = WindowRun::new(
+        k,
+        40,
+        gateway_node::NodeConfig::reference(bus_schemas::NodeId(0)),
+    );
+    let start = run.end_ms - 1_000;
+    // One request makes the key known (its fast path unanswered), a round tracks it, and
+    // the owner grants 2.
+    assert!(matches!(
+        run.surface.decide(k, start, &run.policy),
+        Decision::FastPath(_)
+    ));
+    let _ = run
+        .surface
+        .decide_after_fast_path(k, start, &run.policy, true);
+    run.round(start);
+    run.grant(start, 2, false);
+    // The next round: a burst of three. Two spend the grant; the third asks.
+    let ms = start + 30;
+    run.round(start + 25);
+    while run.node.poll_transmit().is_some() {}
+    run.request(ms);
+    run.request(ms);
+    let Decision::FastPath(need) = run.surface.decide(k, ms, &run.policy) else {
+        panic!("two units, three requests")
+    };
+    assert_eq!(run.node.handle_fast_path_need(WindowRun::at(ms), need), 1);
+    let mut advertised = None;
+    while let Some(t) = run.node.poll_transmit() {
+        if let gateway_node::Transmit::FastPath(f) = t {
+            advertised = Some(f.entry.demand);
+        }
+    }
+    assert_eq!(advertised, Some(3_000), "three requests this round");
+}
