@@ -1760,7 +1760,10 @@ impl NodeLimiter {
     /// path of a burst still got 3 units for a round of 3-5 requests. The requests of
     /// this round so far count as a round's demand too: no tick has seen them, and a
     /// burst's first round is what they are (seeds 1-4: pinned's fast path 0.426% ->
-    /// 0.422%, the under means of uniform, zipf, bursty and hot-key down 1-4%).
+    /// 0.422%, the under means of uniform, zipf, bursty and hot-key down 1-4%; at seeds
+    /// 5-8 zipf's went up 2%, the rest down). A key not visited for rounds had no
+    /// decision in them (a decision makes the next tick visit it), so the attempts since
+    /// its last visit are this round's.
     fn fast_path_demand(&self, key: &KeyId) -> u64 {
         let Some(track) = self.keys.get(key).and_then(|s| s.track_at(self.round)) else {
             return 0;
