@@ -1718,10 +1718,11 @@ impl NodeLimiter {
                 (i, w.length_ms, w.limit, ask)
             })
             .collect();
+        let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
         drop(bucket);
         // The key's, so the same for every window asked for (sending one does not move
         // the demand track).
-        let demand = self.fast_path_demand(&need.key);
+        let demand = self.fast_path_demand(&need.key, attempts);
         let mut sent = 0;
         for (slot, length_ms, limit, ask) in windows {
             if !ask {
@@ -1763,18 +1764,13 @@ impl NodeLimiter {
     /// 0.422%, the under means of uniform, zipf, bursty and hot-key down 1-4%; at seeds
     /// 5-8 zipf's went up 2%, the rest down). A key not visited for rounds had no
     /// decision in them (a decision makes the next tick visit it), so the attempts since
-    /// its last visit are this round's.
-    fn fast_path_demand(&self, key: &KeyId) -> u64 {
+    /// its last visit are this round's. `attempts`: the key's bucket's attempt counter,
+    /// read by the caller, which holds the bucket.
+    fn fast_path_demand(&self, key: &KeyId, attempts: u16) -> u64 {
         let Some(track) = self.keys.get(key).and_then(|s| s.track_at(self.round)) else {
             return 0;
         };
-        let this_round_milli = self.surface.get(key).map_or(0, |b| {
-            u64::from(
-                b.attempts
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    .wrapping_sub(track.last_attempts),
-            ) * 1_000
-        });
+        let this_round_milli = u64::from(attempts.wrapping_sub(track.last_attempts)) * 1_000;
         let busiest = (0..PLAN_WINDOWS_MAX)
             .map(|slot| track.demand(slot))
             .max()
