@@ -160,16 +160,13 @@ fn credit_handed_back_in_a_thin_pool_reopens_the_fast_path_of_the_nodes_told_it_
         }
     }
     // Node 3 hands its unit back (its idle return). Spread thin, its round's want is
-    // nothing, so nothing is granted back to it.
-    let returned = ReportEntry {
-        applied_grant: 1,
-        returned: 1,
-        ..line(kw, 40)
-    };
-    // In the same step, node 8 is told the pool is open again, and no credit is
-    // placed: the node a request comes to asks for it. Nothing goes back to node 3.
-    owner.handle_report_batch(now, &batch(3, 2, now, vec![returned]));
-    assert_eq!(grants(&mut owner, kw), vec![(NodeId(8), 1, false)]);
+    // nothing, so nothing is granted back to it. In the same step, node 8 is told the
+    // pool is open again, and no credit is placed: the node a request comes to asks
+    // for it. Nothing goes back to node 3.
+    assert_eq!(
+        quiet_return(&mut owner, now, 3, kw, 1),
+        vec![(NodeId(8), 1, false)]
+    );
 }
 
 /// Every grant entry for `kw` sent since: (node, credit total, exhausted).
@@ -265,17 +262,18 @@ fn a_fast_path_in_a_thin_key_window_is_granted_for_its_request_not_for_a_burst_r
     }
 }
 
-/// Node `node` (its second batch) hands back the 2 units it held, its demand gone to
+/// Node `node` (its second batch) hands back the `units` it held, its demand gone to
 /// nothing: the grant entries for `kw` that come back.
 fn quiet_return(
     owner: &mut FoldOwner,
     now: Now,
     node: u32,
     kw: KeyWindow,
+    units: u64,
 ) -> Vec<(NodeId, u64, bool)> {
     let returned = ReportEntry {
-        applied_grant: 2,
-        returned: 2,
+        applied_grant: units,
+        returned: units,
         ..line(kw, 40)
     };
     owner.handle_report_batch(now, &batch(node, 2, now, vec![returned]));
@@ -293,7 +291,7 @@ fn while_half_a_thin_pool_is_unissued_a_quiet_node_is_topped_up_to_two_units() {
     // Node 0 goes quiet and hands its 2 back. Six lines still report demand, so the
     // key-window is thin, and 28 of 40 are unissued: it gets 2 again (its total 4).
     assert_eq!(
-        quiet_return(&mut owner, now, 0, kw),
+        quiet_return(&mut owner, now, 0, kw, 2),
         vec![(NodeId(0), 4, false)]
     );
     // Five more lines: 24 issued. Node 1's 2 back leave 18 unissued, under half, so
@@ -301,5 +299,5 @@ fn while_half_a_thin_pool_is_unissued_a_quiet_node_is_topped_up_to_two_units() {
     for n in 7..12 {
         assert_eq!(report(&mut owner, now, n, kw, 200), 2, "node {n}");
     }
-    assert_eq!(quiet_return(&mut owner, now, 1, kw), vec![]);
+    assert_eq!(quiet_return(&mut owner, now, 1, kw, 2), vec![]);
 }
