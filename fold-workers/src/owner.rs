@@ -701,50 +701,15 @@ impl FoldOwner {
         let endgame = full_wants * 2 > available_before;
         let want_of = |l: &Line| if endgame { lean_want(l) } else { full_want(l) };
         let line = *ledger.lines.get(&(node, epoch))?;
-        let mut want = want_of(&line);
         // Half the pool unissued and not in the endgame: the window is far from its
         // limit, and a unit held ahead costs no other node a request.
         let slack = !endgame && available_before.saturating_mul(2) >= ledger.allowance;
-        if thin && slack {
-            // `OwnerConfig::thin_slack_floor`.
-            let floor = config
-                .thin_slack_floor
-                .min(config.lease_share(ledger.allowance));
-            want = want.max(floor.saturating_sub(line.outstanding()));
-        }
-        if fast {
-            // A node that ran dry asks once a round; what it reported as demand may be
-            // stale or, for a key first seen this round, nothing. One round of the
-            // window's average pace, split across the fleet, is the least that keeps a
-            // cold key's first burst from costing a 429 per request until the next round.
-            let pace = (u128::from(ledger.allowance) * u128::from(config.round_ms))
-                .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
-                as u64;
-            want = want.max(pace).max(1);
-            // D5 allows one fast path a round, and in a key-window spread thin that was
-            // the largest cause of 429s with credit still in the pool (uniform, seed 1,
-            // 30 s: 4,318 of 6,297): a second request in the same round found the one
-            // unit spent. While a quarter of the pool is unissued the answer covers it
-            // too; a unit the node does not spend goes back within its thin idle wait
-            // (`NodeConfig::idle_return_rounds_thin`). Later in the pool a unit held
-            // ahead is one another node's request will miss (two at any time: uniform's
-            // 1 s mean 3.04% -> 3.18% at seed 1). BENCHMARKS.md has the figures.
-            if thin && available_before.saturating_mul(4) >= ledger.allowance {
-                want = want.max(2);
-            }
-            // A node that holds nothing of this window yet asks for at least its 1/fleet
-            // share (what fixed mode and an F4 self-grant would give it unasked). One
-            // round of pace is a single unit for any plan under 40 per second per node,
-            // so a client's quick run of requests at a fresh key would earn a 429 on its
-            // second request, with most of the allowance untouched, until the next
-            // round. Only while at least half the pool is unissued: later in a window
-            // (a restarted node's new epoch, a key that moved) a share would strand on
-            // a node whose demand is unknown, which the sim's restarts scenario showed
-            // as under-admission. The fair split below still cuts it when short.
-            if config.mode == OwnerMode::Leasing && line.issued() == 0 && slack {
-                want = want.max(config.lease_share(ledger.allowance));
-            }
-        }
+        let pool = PoolLeft {
+            allowance: ledger.allowance,
+            available: available_before,
+            slack,
+        };
+        let want = want_of(&line).max(least_want(config, kw, &line, pool, thin, fast));
         if want == 0 {
             // Spread thin, wanting nothing is how the endgame leaves every node (above),
             // not a sign its demand fell away: it stays starved, to be told when credit
@@ -1133,6 +1098,79 @@ fn burst_allowance(mean_milli: u64, sigmas: u64) -> u64 {
     }
     // sqrt(mean) = sqrt(mean_milli * 1000) / 1000, in integers.
     (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
+}
+
+/// What is left of a key-window's pool when a line is sized (`FoldOwner::size_grant`).
+#[derive(Clone, Copy)]
+struct PoolLeft {
+    allowance: u64,
+    available: u64,
+    /// At least half the pool unissued and not in the endgame.
+    slack: bool,
+}
+
+/// The least a line is sized to whatever its demand says, by what asked and how much of
+/// the pool is left (0: no floor). Each answer covers a case in which the reported
+/// demand is known to read low:
+///
+/// | asked by | key-window | pool left | least |
+/// | --- | --- | --- | --- |
+/// | any sizing | spread thin | half, not endgame | `thin_slack_floor` held (at most a share) |
+/// | fast path | any | any | one round of pace, at least 1 |
+/// | fast path | spread thin | a quarter | 2 |
+/// | fast path, nothing issued yet | any (leasing) | half, not endgame | a 1/fleet share |
+fn least_want(
+    config: &OwnerConfig,
+    kw: KeyWindow,
+    line: &Line,
+    pool: PoolLeft,
+    thin: bool,
+    fast: bool,
+) -> u64 {
+    let mut least = 0;
+    if thin && pool.slack {
+        // `OwnerConfig::thin_slack_floor`: a quiet node of a key spread thin keeps a
+        // little while the window is far from its limit, so its next request does not
+        // wait on a fast path, which can miss its deadline.
+        let floor = config
+            .thin_slack_floor
+            .min(config.lease_share(pool.allowance));
+        least = floor.saturating_sub(line.outstanding());
+    }
+    if !fast {
+        return least;
+    }
+    // A node that ran dry asks once a round; what it reported as demand may be stale
+    // or, for a key first seen this round, nothing. One round of the window's average
+    // pace, split across the fleet, is the least that keeps a cold key's first burst
+    // from costing a 429 per request until the next round.
+    let pace = (u128::from(pool.allowance) * u128::from(config.round_ms))
+        .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
+        as u64;
+    least = least.max(pace).max(1);
+    // D5 allows one fast path a round, and in a key-window spread thin that was the
+    // largest cause of 429s with credit still in the pool (uniform, seed 1, 30 s: 4,318
+    // of 6,297): a second request in the same round found the one unit spent. While a
+    // quarter of the pool is unissued the answer covers it too; a unit the node does
+    // not spend goes back within its thin idle wait (`NodeConfig::idle_return_rounds_thin`).
+    // Later in the pool a unit held ahead is one another node's request will miss (two
+    // at any time: uniform's 1 s mean 3.04% -> 3.18% at seed 1). BENCHMARKS.md has the
+    // figures.
+    if thin && pool.available.saturating_mul(4) >= pool.allowance {
+        least = least.max(2);
+    }
+    // A node that holds nothing of this window yet asks for at least its 1/fleet share
+    // (what fixed mode and an F4 self-grant would give it unasked). One round of pace is
+    // a single unit for any plan under 40 per second per node, so a client's quick run
+    // of requests at a fresh key would earn a 429 on its second request, with most of
+    // the allowance untouched, until the next round. Only while the pool is slack: later
+    // in a window (a restarted node's new epoch, a key that moved) a share would strand
+    // on a node whose demand is unknown, which the sim's restarts scenario showed as
+    // under-admission. The fair split in `size_grant` still cuts it when short.
+    if config.mode == OwnerMode::Leasing && line.issued() == 0 && pool.slack {
+        least = least.max(config.lease_share(pool.allowance));
+    }
+    least
 }
 
 /// Window end in wall time; the owner needs it only to stop granting and to reap.
