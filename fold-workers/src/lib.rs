@@ -27,6 +27,6 @@ pub mod service;
 pub use hot::{HotKeyConfig, HotKeys};
 pub use owner::{
     FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerInvariantError, OwnerMode, OwnerStats,
-    held_target,
+    held_target, round_of_pace,
 };
 pub use policy::{OwnerPolicy, OwnerPolicyError};

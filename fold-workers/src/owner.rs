@@ -1100,6 +1100,15 @@ fn burst_allowance(mean_milli: u64, sigmas: u64) -> u64 {
     (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
 }
 
+/// C5: one round of a window's average pace split across the fleet, rounded up: the
+/// least a fast path is granted (`least_want`, which makes it at least 1), and so what a
+/// node holding less asks for along with the window that ran dry
+/// (`NodeLimiter::handle_fast_path_need`).
+pub fn round_of_pace(allowance: u64, length_ms: u32, round_ms: u32, fleet_size: u32) -> u64 {
+    (u128::from(allowance) * u128::from(round_ms))
+        .div_ceil(u128::from(length_ms) * u128::from(fleet_size.max(1))) as u64
+}
+
 /// What is left of a key-window's pool when a line is sized (`FoldOwner::size_grant`).
 #[derive(Clone, Copy)]
 struct PoolLeft {
@@ -1144,9 +1153,12 @@ fn least_want(
     // or, for a key first seen this round, nothing. One round of the window's average
     // pace, split across the fleet, is the least that keeps a cold key's first burst
     // from costing a 429 per request until the next round.
-    let pace = (u128::from(pool.allowance) * u128::from(config.round_ms))
-        .div_ceil(u128::from(kw.window.length_ms) * u128::from(config.fleet_size.max(1)))
-        as u64;
+    let pace = round_of_pace(
+        pool.allowance,
+        kw.window.length_ms,
+        config.round_ms,
+        config.fleet_size,
+    );
     least = least.max(pace).max(1);
     // D5 allows one fast path a round, and in a key-window spread thin that was the
     // largest cause of 429s with credit still in the pool (uniform, seed 1, 30 s: 4,318

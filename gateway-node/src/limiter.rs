@@ -1700,9 +1700,8 @@ impl NodeLimiter {
             return 0;
         };
         let round_ms = u64::from(self.config.round_ms);
-        let fleet = u64::from(self.config.fleet_size.max(1));
         // (slot, length, limit, ask): a window short here, or one holding less than the
-        // owner's least fast-path grant (a round of its average pace per node). After an
+        // owner's least fast-path grant (`fold_workers::round_of_pace`). After an
         // idle spell the reconciler has returned all but a few credits of every window;
         // asking for the empty one alone left the other to run dry a moment later, with
         // this round's ask spent: a round of 429s per idle spell (BENCHMARKS.md, issue 5).
@@ -1712,7 +1711,12 @@ impl NodeLimiter {
             .iter()
             .enumerate()
             .map(|(i, w)| {
-                let pace = (w.limit * round_ms).div_ceil(u64::from(w.length_ms) * fleet);
+                let pace = fold_workers::round_of_pace(
+                    w.limit,
+                    w.length_ms,
+                    self.config.round_ms,
+                    self.config.fleet_size,
+                );
                 let held = bucket.credit_in(i, window_at(need.key, w.length_ms, now.wall_ms));
                 let ask = need.short_windows & (1 << i) != 0 || held < pace;
                 (i, w.length_ms, w.limit, ask)
