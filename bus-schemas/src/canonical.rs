@@ -194,6 +194,36 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Every top-level `schema_version` (field 1) varint of an envelope as sent, in any field
+/// order: prost reads the field as `uint32` and keeps the low 32 bits of a larger value,
+/// so a version of 2^32 + 1 would read as 1. `None` where prost would fail anyway (a
+/// truncated field, a wire type it cannot skip), the value otherwise the largest seen.
+pub(crate) fn raw_schema_version_max(buf: &[u8]) -> Option<u64> {
+    const I64: u64 = 1;
+    const I32: u64 = 5;
+    let mut r = Reader { buf };
+    let mut max = 0;
+    while let Some((field, wt)) = r.key() {
+        match wt {
+            VARINT => {
+                let v = r.varint()?;
+                if field == 1 {
+                    max = max.max(v);
+                }
+            }
+            LEN => {
+                r.bytes()?;
+            }
+            I64 | I32 => {
+                let n = if wt == I64 { 8 } else { 4 };
+                r.buf = r.buf.get(n..)?;
+            }
+            _ => return None,
+        }
+    }
+    r.buf.is_empty().then_some(max)
+}
+
 /// Reads a message's fields in strictly increasing number order (`repeated` may recur
 /// back to back); `field` handles one and returns `None` to give up on the whole input.
 fn fields<'a>(

@@ -28,7 +28,7 @@ pub enum DecodeError {
     #[error(
         "{kind}: schema version {got} is not accepted (accepted {MIN_ACCEPTED_SCHEMA_VERSION}..={SCHEMA_VERSION})"
     )]
-    UnknownSchemaVersion { kind: &'static str, got: u32 },
+    UnknownSchemaVersion { kind: &'static str, got: u64 },
     #[error("{kind}: required field {field} is missing")]
     Missing {
         kind: &'static str,
@@ -83,14 +83,24 @@ fn parse<M: Message + Default>(
             max,
         });
     }
-    M::decode(bytes).map_err(|source| DecodeError::Malformed { kind, source })
+    let m = M::decode(bytes).map_err(|source| DecodeError::Malformed { kind, source })?;
+    // prost keeps a too-large version's low 32 bits; the version as sent decides (B2).
+    if let Some(got) = canonical::raw_schema_version_max(bytes)
+        && got > u64::from(u32::MAX)
+    {
+        return Err(DecodeError::UnknownSchemaVersion { kind, got });
+    }
+    Ok(m)
 }
 
 fn version(kind: &'static str, got: u32) -> Result<(), DecodeError> {
     if (MIN_ACCEPTED_SCHEMA_VERSION..=SCHEMA_VERSION).contains(&got) {
         Ok(())
     } else {
-        Err(DecodeError::UnknownSchemaVersion { kind, got })
+        Err(DecodeError::UnknownSchemaVersion {
+            kind,
+            got: u64::from(got),
+        })
     }
 }
 

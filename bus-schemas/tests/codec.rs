@@ -137,7 +137,13 @@ fn fixture<E: Envelope + PartialEq + std::fmt::Debug>(name: &str, value: &E) {
         .join("tests/fixtures/v1")
         .join(format!("{name}.bin"));
     if std::env::var_os("FOLDGATE_REGEN_FIXTURES").is_some() {
+        // Checked against itself a fixture proves nothing: a regenerating run never passes.
         std::fs::write(&path, value.encode()).unwrap();
+        panic!(
+            "{name}: fixture regenerated at {}; review the diff, then run again without \
+             FOLDGATE_REGEN_FIXTURES",
+            path.display()
+        );
     }
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(
@@ -170,6 +176,12 @@ fn fixture<E: Envelope + PartialEq + std::fmt::Debug>(name: &str, value: &E) {
         let err = E::decode(&other).unwrap_err();
         assert_eq!(err.reason(), "unknown_version", "{name} v{bad}: {err}");
     }
+    // 2^32 + 1 as sent: its low 32 bits read 1, which must not pass for version 1.
+    let mut wide = vec![0x08, 0x81, 0x80, 0x80, 0x80, 0x10];
+    wide.extend_from_slice(&bytes[2..]);
+    let err = E::decode(&wide).unwrap_err();
+    assert_eq!(err.reason(), "unknown_version", "{name} v2^32+1: {err}");
+    assert!(err.to_string().contains("4294967297"), "{name}: {err}");
 }
 
 #[test]
