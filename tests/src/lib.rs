@@ -278,7 +278,13 @@ impl Fleet {
             }
         }
         for (kw, spend, self_granted) in &self.dead_spend {
-            let t = totals.entry(*kw).or_insert((0, 0, u64::MAX));
+            // A key-window only dead epochs knew is held to the plan's allowance too.
+            let plan = windows()
+                .iter()
+                .find(|w| w.length_ms == kw.window.length_ms)
+                .map(|w| w.limit)
+                .expect("a dead epoch's key-window is one of the plan's windows");
+            let t = totals.entry(*kw).or_insert((0, 0, plan));
             t.0 += spend;
             t.1 += self_granted;
         }
@@ -290,5 +296,29 @@ impl Fleet {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spend of dead epochs alone (no live node has a line for the key-window any more)
+    /// is still held to the plan's allowance: it once read as unlimited.
+    #[test]
+    fn dead_epochs_alone_over_the_allowance_breach_fleet_truth() {
+        let mut fleet = Fleet::new(2, 1);
+        let kw = KeyWindow {
+            key: fleet.keys[0],
+            window: bus_schemas::WindowId {
+                length_ms: 1_000,
+                number: 7,
+            },
+        };
+        fleet.dead_spend.push((kw, 30, 0));
+        assert_eq!(fleet.check_fleet_truth(), Ok(()));
+        fleet.dead_spend.push((kw, 11, 0));
+        let err = fleet.check_fleet_truth().expect_err("41 spent of 40");
+        assert!(err.contains("used 41 > allowance 40"), "{err}");
     }
 }

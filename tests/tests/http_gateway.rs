@@ -327,7 +327,7 @@ async fn a_key_over_its_limit_on_one_node_and_under_on_another() {
     let url = server.url();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     put_policy(&url, 1, 200).await;
-    tokio::spawn(run_fold_worker(
+    let worker = tokio::spawn(run_fold_worker(
         connect(&url).await,
         Assignment {
             shards: vec![0],
@@ -427,7 +427,8 @@ async fn a_key_over_its_limit_on_one_node_and_under_on_another() {
         "fleet admitted {} in 3 s",
         a_ok + b_ok
     );
-    let _ = stop_tx.send(true);
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
 }
 
 async fn put_policy(url: &str, version: u64, per_second: u64) {

@@ -127,7 +127,9 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
 /// by reason, and nothing of it is applied (B2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing() {
-    use bus_schemas::{Envelope, GrantBatch, GrantEntry, KeyWindow, subjects};
+    use bus_schemas::{
+        Envelope, GrantBatch, GrantEntry, KeyWindow, ReportBatch, ReportEntry, subjects,
+    };
     use gateway_node::window::window_at;
 
     let server = NatsServer::start();
@@ -206,10 +208,39 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
             .await
             .is_err()
     );
-    client
-        .publish(subjects::report(0), vec![0x08, 0x09, 0xff].into())
-        .await
-        .unwrap();
+    // On the report subject: a batch cut off mid-varint, and a whole batch at schema
+    // version 9, whose report line (if anything took it in) would draw a grant.
+    let report = ReportBatch {
+        node: NodeId(0),
+        node_epoch: NodeEpoch(1),
+        seq: u64::MAX / 2,
+        shard: ShardId(0),
+        sent_at_ms: clock().wall_ms,
+        owner_epoch_seen: OwnerEpoch(1),
+        entries: vec![ReportEntry {
+            key_window: kw,
+            cumulative_spend: 0,
+            demand: 1_000_000,
+            held_credit: 0,
+            applied_grant: 0,
+            returned: 0,
+            self_granted: 0,
+            allowance: 1_000,
+        }],
+    };
+    let mut report_v9 = report.encode();
+    assert_eq!(
+        report_v9[..2],
+        [0x08, 0x01],
+        "the version is the first field"
+    );
+    report_v9[1] = 9;
+    for bytes in [vec![0x08, 0x01, 0xff], report_v9] {
+        client
+            .publish(subjects::report(0), bytes.into())
+            .await
+            .unwrap();
+    }
     // And on the fast-path subject: a garbage request gets no answer at all.
     let unanswered = tokio::time::timeout(
         Duration::from_millis(300),
@@ -228,10 +259,18 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
         node.stats.rejected_unknown_version.load(Ordering::Relaxed),
         1
     );
-    assert!(
-        stats.rejected.load(Ordering::Relaxed) >= 1,
-        "the worker refused the bad report"
-    );
+    // The worker's refusals, by reason: the cut-off report and the garbage fast-path
+    // request as malformed, the version-9 report as unknown, nothing else.
+    let by_reason = |reason: &str| {
+        let i = fold_workers::metrics::REJECT_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .expect("a reject reason");
+        stats.rejected_by_reason[i].load(Ordering::Relaxed)
+    };
+    assert_eq!(by_reason("malformed"), 2);
+    assert_eq!(by_reason("unknown_version"), 1);
+    assert_eq!(stats.rejected.load(Ordering::Relaxed), 3);
     let after = line(&node);
     assert_eq!(
         after.applied_grant, before.applied_grant,
@@ -557,5 +596,5 @@ async fn a_burst_on_a_short_key_joins_one_fast_path_instead_of_denying() {
         "{missed_bursts} of 5 bursts missed the deadline"
     );
     stop_tx.send(true).unwrap();
-    let _ = worker.await;
+    worker.await.unwrap().unwrap();
 }
