@@ -311,6 +311,22 @@ impl Ledger {
         }
     }
 
+    /// About the least allowance that still holds what is issued net of returns plus,
+    /// while it is held, the reserve (a share of the allowance itself). `c = ceil(issued
+    /// x 1000 / (1000 - reserve_permille))` holds it (`c - reserve(c) >= issued`), and so
+    /// does `issued + reserve(c)`, which is no larger and no rounding unit above it.
+    fn least_allowance(&self, config: &OwnerConfig) -> u64 {
+        let issued = self.issued_net();
+        if self.reserve_released {
+            return issued;
+        }
+        let kept_permille = 1_000 - config.reserve_permille.min(999);
+        let c = (u128::from(issued) * 1_000).div_ceil(u128::from(kept_permille)) as u64;
+        let least = issued + config.reserve(c);
+        debug_assert!(issued + config.reserve(least) <= least);
+        least
+    }
+
     fn issued_net(&self) -> u64 {
         let (issued, returned) = self.lines.values().fold((0u64, 0u64), |(i, r), l| {
             (
@@ -550,7 +566,13 @@ impl FoldOwner {
                 })
             }
         };
-        ledger.allowance = ledger.allowance.min(entry.allowance);
+        // P1: a node on a tightened policy reports a lower allowance. A live ledger takes
+        // it only as far as the credit already out allows (issued net of returns, and
+        // the reserve it still holds): lower, its invariant would read broken and halt
+        // the owner for the whole shard. The rest of the window is bounded by it; the
+        // nodes themselves switch at their next window.
+        let floor = ledger.least_allowance(&self.config);
+        ledger.allowance = ledger.allowance.min(entry.allowance.max(floor));
         let thin = ledger.spread_thin(&self.config);
         let (line, is_new_line) = ledger.lines.get_or_insert((node, epoch));
         if is_new_line && self.config.mode == OwnerMode::Fixed {
