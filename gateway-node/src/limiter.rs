@@ -1398,11 +1398,15 @@ impl NodeLimiter {
         let slot = usize::from(rec.slot);
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = track.get_or_insert_with(KeyTrack::default);
-        if let Some(older) = track
-            .installed
-            .get(slot, p)
-            .filter(|n| *n != kw.window.number)
-        {
+        let in_word = track.installed.get(slot, p);
+        if in_word.is_some_and(|n| n > kw.window.number) {
+            // Credit for a window older than the one in the word (a grant backlog flushed
+            // late, its record long reaped): it stays off the word, and its record closes
+            // at the key's next visit, as its window has ended. Installed, it closed the
+            // live window and drained its credit.
+            return;
+        }
+        if let Some(older) = in_word.filter(|n| *n != kw.window.number) {
             let older_window = WindowId {
                 length_ms: kw.window.length_ms,
                 number: older,

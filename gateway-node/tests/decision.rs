@@ -569,3 +569,59 @@ fn a_fast_path_advertises_the_requests_of_the_round_so_far() {
     }
     assert_eq!(advertised, Some(3_000), "three requests this round");
 }
+
+/// A grant for a window long over (a backlog a reconnecting bus client flushes late)
+/// for a key-window whose record is gone: it shares the live window's word (same slot,
+/// same parity) but must not close it. It used to: the live credit was drained, later
+/// grants for it were dropped, and the key was denied for the rest of its window.
+#[test]
+fn a_stale_grant_for_an_old_window_leaves_the_live_window_alone() {
+    let policy = one_window_policy(1_000);
+    let mut node = leasing_node(1);
+    let surface = node.surface().clone();
+    let k = key(7);
+    let _ = surface.decide(k, T0.wall_ms, &policy);
+    node.handle_tick(T0);
+    let live = window_at(k, 1_000, T0.wall_ms);
+    let (id, epoch) = (node.node(), node.epoch());
+    let grant = |number: u64, credit_total: u64| GrantBatch {
+        owner_epoch: OwnerEpoch(1),
+        shard: bus_schemas::ShardId(0),
+        node: id,
+        entries: vec![GrantEntry {
+            key_window: KeyWindow {
+                key: k,
+                window: bus_schemas::WindowId {
+                    length_ms: 1_000,
+                    number,
+                },
+            },
+            node_epoch: epoch,
+            grant_seq: 1,
+            credit_total,
+            exhausted: false,
+        }],
+    };
+    let live_grant = grant(live.number, 5);
+    node.handle_grant_batch(T0, &live_grant);
+    assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);
+    // Four windows back: the same parity, so the same word.
+    let stale = grant(live.number - 4, 9);
+    node.handle_grant_batch(T0, &stale);
+    for _ in 0..4 {
+        assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);
+    }
+    let kw = KeyWindow {
+        key: k,
+        window: live,
+    };
+    assert_eq!(node.line_for(&kw).unwrap().cumulative_spend, 5);
+    node.check_invariants().unwrap();
+    // The next round closes the stale record, whose window has ended, and the books hold.
+    node.handle_tick(bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    });
+    node.check_invariants().unwrap();
+    assert_eq!(node.line_for(&kw).unwrap().cumulative_spend, 5);
+}
