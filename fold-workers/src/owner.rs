@@ -591,7 +591,8 @@ impl FoldOwner {
         let returned_more = entry.returned > line.returned;
         line.returned = line.returned.max(entry.returned);
         line.self_granted = line.self_granted.max(entry.self_granted);
-        if line.granted < line.applied {
+        let took_over = line.granted < line.applied;
+        if took_over {
             // A previous owner's credit (takeover): continue its totals.
             line.granted = line.applied;
         }
@@ -599,6 +600,15 @@ impl FoldOwner {
             // Only a previous owner releasing the reserve explains this much credit out.
             ledger.reserve_released = true;
         }
+        // Credit this owner did not issue is the one thing a line brings in that can
+        // break the ledger (a lower allowance stops at what is issued, and a return only
+        // lowers it): checked here, before anything is sized from it, a breach halts the
+        // owner with nothing of this step sent (`poll_grant`).
+        let breach = if took_over {
+            check_ledger(&self.config, &kw, ledger).err()
+        } else {
+            None
+        };
         // A return is the only thing that raises a ledger's available credit (grants,
         // self-grants and a lower allowance only lower it), so it is what can reopen a
         // window its lines were told is exhausted.
@@ -614,11 +624,15 @@ impl FoldOwner {
             // F4: the node gave itself credit while we were away.
             n.withheld_until_mono_ms = n.withheld_until_mono_ms.max(now.mono_ms + withhold_ms);
         }
+        if let Some(e) = breach {
+            self.halted.get_or_insert(e);
+        }
         true
     }
 
     /// C1/B1: one node's report batch for this shard. Every batch gets a grant batch back
-    /// (possibly empty), which is also the node's proof of contact (F2).
+    /// (possibly empty), which is also the node's proof of contact (F2), until the owner
+    /// halts (`poll_grant`).
     pub fn handle_report_batch(&mut self, now: Now, batch: &ReportBatch) {
         if batch.shard != self.config.shard {
             self.stats.batches_misrouted += 1;
@@ -1035,7 +1049,17 @@ impl FoldOwner {
         self.hot.hot()
     }
 
+    /// The next grant batch to send. A halted owner sends nothing, not even the empty
+    /// batch that answers a report: batches queued before the breach was found are
+    /// dropped, and without a proof of contact its nodes see the shard's owner as gone
+    /// (F1), enforce with what they hold, self-grant at boundaries (F4) and degrade
+    /// visibly (F5). Answering on, it kept them "healthy" and denying every key of the
+    /// shard until the worker restarted.
     pub fn poll_grant(&mut self) -> Option<GrantBatch> {
+        if self.halted.is_some() {
+            self.outbox.clear();
+            return None;
+        }
         self.outbox.pop_front()
     }
 
