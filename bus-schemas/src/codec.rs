@@ -148,6 +148,14 @@ fn window_of(kind: &'static str, w: Option<(u32, u64)>) -> Result<WindowId, Deco
     if length_ms == 0 || length_ms > WINDOW_LENGTH_MS_MAX {
         return Err(invalid(kind, "window.length_ms", "must be 1 ms to 1 day"));
     }
+    // The window after it ends by then too (a phase offset is under one length).
+    let ends_in_range = number
+        .checked_add(2)
+        .and_then(|n| n.checked_mul(u64::from(length_ms)))
+        .is_some_and(|end_ms| end_ms <= WINDOW_END_MS_MAX);
+    if !ends_in_range {
+        return Err(invalid(kind, "window.number", "ends after 2^53 ms"));
+    }
     Ok(WindowId { length_ms, number })
 }
 
@@ -243,6 +251,7 @@ fn report_entry(kind: &'static str, e: &RawReportEntry<'_>) -> Result<ReportEntr
     if out.allowance > WINDOW_LIMIT_MAX
         || out.applied_grant > WINDOW_LIMIT_MAX * 2
         || out.self_granted > WINDOW_LIMIT_MAX
+        || out.demand > DEMAND_MILLI_MAX
     {
         return Err(invalid(
             kind,

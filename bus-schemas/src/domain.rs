@@ -36,6 +36,13 @@ pub mod limits {
     pub const WINDOW_LENGTH_MS_MAX: u32 = 86_400_000;
     /// Largest allowance per window; credit words hold 40 bits.
     pub const WINDOW_LIMIT_MAX: u64 = (1 << 40) - 1;
+    /// Latest window end a message may name, in ms since the epoch (2^53, some 285,000
+    /// years): a window's start, end and phase offset stay far from overflow.
+    pub const WINDOW_END_MS_MAX: u64 = 1 << 53;
+    /// Largest demand a report line or fast path may advertise, in thousandths of a
+    /// request a round (about 10^9 requests a round): sizing multiplies it by a lead of a
+    /// few rounds and a headroom in thousandths, and stays within 64 bits.
+    pub const DEMAND_MILLI_MAX: u64 = WINDOW_LIMIT_MAX;
 }
 
 /// The hashed identity of an API key (D2): `version` names the HMAC key that produced

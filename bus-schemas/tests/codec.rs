@@ -222,6 +222,21 @@ fn every_rejection_reason() {
         "invalid",
         "spend above credit received"
     );
+    // Figures that would overflow the owner's and node's window and sizing arithmetic.
+    let mut far = report();
+    far.entries[0].key_window.window.number = u64::MAX / 1_000;
+    assert_eq!(reason(ReportBatch::decode(&far.encode())), "invalid");
+    let mut greedy = report();
+    greedy.entries[0].demand = limits::DEMAND_MILLI_MAX + 1;
+    assert_eq!(reason(ReportBatch::decode(&greedy.encode())), "invalid");
+    let mut grant_far = grant();
+    grant_far.entries[0].key_window.window.number = u64::MAX;
+    assert_eq!(
+        GrantBatch::decode(&grant_far.encode())
+            .unwrap_err()
+            .reason(),
+        "invalid"
+    );
     let mut epoch0 = report();
     epoch0.node_epoch = NodeEpoch(0);
     assert_eq!(reason(ReportBatch::decode(&epoch0.encode())), "invalid");

@@ -550,7 +550,13 @@ impl FoldOwner {
         let ledger = match self.ledgers.entry(kw) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                if ledgers_len >= self.config.ledgers_cap {
+                // A node reports its current window and, near its end, the next: a window
+                // further ahead than that (and clock skew) is a bad line, whose ledger
+                // would hold a place in the cap until that far-off end.
+                let length_ms = u64::from(kw.window.length_ms);
+                let starts_ms = bus_window_end(kw) - length_ms;
+                let too_far = starts_ms > now.wall_ms + 2 * length_ms + 1_000;
+                if ledgers_len >= self.config.ledgers_cap || too_far {
                     self.stats.ledgers_refused += 1;
                     return false;
                 }
