@@ -178,6 +178,8 @@ pub struct OwnerStats {
     pub batches: u64,
     pub entries: u64,
     pub entries_stale: u64,
+    /// Batches and fast paths for another shard, or from a node id outside the fleet
+    /// (`0..fleet_size`, as every node's configuration requires).
     pub batches_misrouted: u64,
     pub grants: u64,
     pub credit_granted: u64,
@@ -287,6 +289,10 @@ impl Lines {
 
     fn values(&self) -> impl Iterator<Item = &Line> {
         self.0.iter().map(|(_, l)| l)
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -580,6 +586,18 @@ impl FoldOwner {
         let floor = ledger.least_allowance(&self.config);
         ledger.allowance = ledger.allowance.min(entry.allowance.max(floor));
         let thin = ledger.spread_thin(&self.config);
+        let carries_credit =
+            entry.applied_grant > 0 || entry.self_granted > 0 || entry.cumulative_spend > 0;
+        if ledger.lines.len() >= LINES_PER_NODE * self.config.fleet_size as usize
+            && ledger.lines.get(&(node, epoch)).is_none()
+            && !carries_credit
+        {
+            // A restart storm's new epochs: each is a line of every key-window it reports.
+            // Past the cap a new line is taken in only if it carries credit, which must be
+            // counted whatever it costs (the allowance bounds how many can).
+            self.stats.ledgers_refused += 1;
+            return false;
+        }
         let (line, is_new_line) = ledger.lines.get_or_insert((node, epoch));
         if is_new_line && self.config.mode == OwnerMode::Fixed {
             ledger.fixed_nodes_seen += 1;
@@ -640,7 +658,9 @@ impl FoldOwner {
     /// (possibly empty), which is also the node's proof of contact (F2), until the owner
     /// halts (`poll_grant`).
     pub fn handle_report_batch(&mut self, now: Now, batch: &ReportBatch) {
-        if batch.shard != self.config.shard {
+        // A node id outside the fleet would take a place in the node and fence maps,
+        // which are bounded by the fleet's size only through this.
+        if batch.shard != self.config.shard || batch.node.0 >= self.config.fleet_size {
             self.stats.batches_misrouted += 1;
             return;
         }
@@ -855,6 +875,7 @@ impl FoldOwner {
         };
         if req.shard != self.config.shard
             || req.entry.key_window.shard(self.config.shards) != self.config.shard
+            || req.node.0 >= self.config.fleet_size
         {
             self.stats.batches_misrouted += 1;
             return reply(FastPathOutcome::Withheld);
@@ -1160,6 +1181,10 @@ pub fn round_of_pace(allowance: u64, length_ms: u32, round_ms: u32, fleet_size: 
     (u128::from(allowance) * u128::from(round_ms))
         .div_ceil(u128::from(length_ms) * u128::from(fleet_size.max(1))) as u64
 }
+
+/// Lines (node epochs) a ledger takes per fleet node before it refuses a new one that
+/// carries no credit.
+const LINES_PER_NODE: usize = 4;
 
 /// What is left of a key-window's pool when a line is sized (`FoldOwner::size_grant`).
 #[derive(Clone, Copy)]
