@@ -27,7 +27,8 @@ pub(crate) const INLINE_WINDOWS: usize = 2;
 /// One key's state on one node, and its own map key: exactly one aligned cache line. The
 /// map stores it as the key of a `DashMap<KeyBucket, ()>`, so the table's slots are the
 /// lines themselves (64-byte aligned, no separate key copy) and a decision on a plan of up
-/// to two windows touches this line and the map's control bytes, nothing else. The
+/// to two windows touches this line, the map's control bytes and its shard's lock word (the
+/// read lock: an atomic add, and a sub on release), nothing else. The
 /// earlier layout (a 32-byte `KeyId` beside a 64-byte bucket, 96 bytes a slot, across two
 /// or three lines) cost about twice as much per lookup at 10^5 keys (BENCHMARKS.md).
 /// Everything the request path does not touch lives behind `cold`.
@@ -287,8 +288,11 @@ pub struct SurfaceConfig {
     pub backstop_multiple: u64,
     /// A reconciler that has not ticked for this long is a limiter-internal failure (D8).
     pub reconciler_stall_ms: u64,
-    /// Size the bucket map for `bucket_cap` at construction, so a new key never grows it
-    /// (a rehash under a shard's write lock would stall every decision on that shard). A
+    /// Size the bucket map for `bucket_cap` and a quarter more at construction, so a new
+    /// key never grows it (a rehash under a shard's write lock would stall every decision
+    /// on that shard). The map gives each shard an equal part; keys hash evenly, and the
+    /// quarter covers a shard over its part and the cap check's race (a check, then an
+    /// insert) many times over. A
     /// single-threaded simulator of many nodes turns it off: twenty tables sized for the
     /// cap but a few percent full put each key on its own cache line far from the next,
     /// and the reconciler's scan of them cost more than the state machines themselves.
@@ -418,9 +422,13 @@ impl DecisionSurface {
     pub fn new(config: SurfaceConfig) -> Self {
         assert!(config.bucket_cap > 0 && config.round_ms > 0);
         Self {
-            // Pre-size to the cap so the map never grows (and allocates) under load.
+            // Pre-size past the cap so the map never grows (and allocates) under load.
             buckets: DashMap::with_capacity_and_hasher(
-                if config.presize { config.bucket_cap } else { 0 },
+                if config.presize {
+                    config.bucket_cap + config.bucket_cap / 4
+                } else {
+                    0
+                },
                 KeyIdHasherBuilder,
             ),
             config,
