@@ -136,6 +136,27 @@ fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The limiter's lock if it can be had by `deadline`, without blocking the thread: the
+/// round's tick holds it for its whole pass over the due keys, and a fast path that
+/// waited the pass out on a worker thread missed its hard 1 ms deadline (D5) by however
+/// long the pass took. Past the deadline the request is a miss, as a late reply is.
+async fn lock_by(
+    limiter: &Mutex<NodeLimiter>,
+    deadline: Instant,
+) -> Option<std::sync::MutexGuard<'_, NodeLimiter>> {
+    loop {
+        match limiter.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 impl NodeBus {
     /// Starts the tick and grant tasks on the current tokio runtime; they stop when
     /// `shutdown` turns true or the connection closes.
@@ -377,16 +398,23 @@ impl NodeBus {
         let claim = self
             .surface
             .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
-        let requests: Vec<_> = {
-            let mut l = lock(&self.limiter);
-            l.handle_fast_path_need(now, need);
-            std::iter::from_fn(|| l.poll_transmit())
-                .filter_map(|t| match t {
-                    Transmit::FastPath(f) => Some(f),
-                    // Reports are only queued by a tick, which publishes them itself.
-                    Transmit::Report(_) => None,
-                })
-                .collect()
+        let requests: Vec<_> = match lock_by(&self.limiter, deadline).await {
+            Some(mut l) => {
+                l.handle_fast_path_need(now, need);
+                std::iter::from_fn(|| l.poll_transmit())
+                    .filter_map(|t| match t {
+                        Transmit::FastPath(f) => Some(f),
+                        // Reports are only queued by a tick, which publishes them itself.
+                        Transmit::Report(_) => None,
+                    })
+                    .collect()
+            }
+            None => {
+                self.stats
+                    .fast_path_deadline_missed
+                    .fetch_add(1, Ordering::Relaxed);
+                return claim.settle(now.wall_ms, policy, true);
+            }
         };
         let mut missed = false;
         let calls = requests.iter().map(|f| {
@@ -410,7 +438,18 @@ impl NodeBus {
                 .bytes_in
                 .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
             match FastPathReply::decode(&msg.payload) {
-                Ok(reply) => lock(&self.limiter).handle_fast_path_reply((self.clock)(), &reply),
+                Ok(reply) => match lock_by(&self.limiter, deadline).await {
+                    Some(mut l) => l.handle_fast_path_reply((self.clock)(), &reply),
+                    None => {
+                        // The credit is the node's all the same: applied once the tick
+                        // lets go, off the request's thread, and this request a miss.
+                        missed = true;
+                        let (limiter, clock) = (Arc::clone(&self.limiter), Arc::clone(&self.clock));
+                        tokio::task::spawn_blocking(move || {
+                            lock(&limiter).handle_fast_path_reply(clock(), &reply)
+                        });
+                    }
+                },
                 Err(e) => {
                     self.stats.rejected(e.reason());
                     missed = true;

@@ -598,3 +598,72 @@ async fn a_burst_on_a_short_key_joins_one_fast_path_instead_of_denying() {
     stop_tx.send(true).unwrap();
     worker.await.unwrap().unwrap();
 }
+
+/// D5's hard deadline holds while the round's tick has the limiter: a fast path does not
+/// wait the tick out on a worker thread (it did: its request left after the pass, with
+/// its deadline already gone, as late as the pass was long). Here a stand-in for a long
+/// pass holds the limiter for 300 ms; the fast path answers a miss well before that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_limiter() {
+    use bus_schemas::LimitReason;
+    use gateway_node::surface::Decision;
+
+    let server = NatsServer::start();
+    let clock = clock();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let windows = [WindowSpec {
+        length_ms: 1_000,
+        limit: 100,
+    }];
+    let policy = KeyPolicy::new(&windows, 25).unwrap();
+    let stats = Arc::new(FoldWorkerStats::default());
+    let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
+    let limiter = NodeLimiter::new(
+        NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            ..NodeConfig::reference(NodeId(0))
+        },
+        Arc::new(DecisionSurface::new(SurfaceConfig::default())),
+        NodeEpoch(1),
+        clock(),
+    );
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let node = Arc::new(
+        NodeBus::start(client, limiter, Arc::clone(&clock), stop.clone())
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = Arc::clone(&node);
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = tokio::task::spawn_blocking(move || {
+        held.with_limiter(|_| {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        })
+    });
+    locked_rx.recv().unwrap();
+    let key = KeyId {
+        version: 1,
+        digest: 0xdead_u128 << 64 | 1,
+    };
+    let asked = std::time::Instant::now();
+    let decision = node.decide(key, &policy).await;
+    let took = asked.elapsed();
+    assert!(
+        matches!(
+            decision,
+            Decision::Deny(ref d) if d.reason == LimitReason::FastPathDeadline
+        ),
+        "{decision:?}"
+    );
+    // The deadline is 1 ms; 100 ms leaves a noisy machine room and is a third of the hold.
+    assert!(took < Duration::from_millis(100), "answered after {took:?}");
+    holder.await.unwrap();
+    // Once the limiter is free the key's fast path goes through.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(node.decide(key, &policy).await, Decision::Admit);
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+}
