@@ -18,6 +18,23 @@ pub fn grant_inbox(node: u32) -> String {
 pub const REPORT_ALL: &str = "foldgate.v1.report.*";
 pub const FAST_PATH_ALL: &str = "foldgate.v1.fast.*";
 pub const GRANT_ALL: &str = "foldgate.v1.grant.*";
+/// The same three trees as NATS permission patterns (`>`: every subject below).
+pub const REPORT_TREE: &str = "foldgate.v1.report.>";
+pub const FAST_PATH_TREE: &str = "foldgate.v1.fast.>";
+pub const GRANT_TREE: &str = "foldgate.v1.grant.>";
+
+/// Whether `subject` is a shard's report subject (`report`).
+pub fn is_report(subject: &str) -> bool {
+    subject.starts_with("foldgate.v1.report.")
+}
+
+/// The queue group of a shard's fold workers: one of them takes each report.
+pub fn fold_queue_group(shard: u32) -> String {
+    format!("foldgate-fold.{shard}")
+}
+
+/// NATS key-value bucket of the fold workers' shard leases.
+pub const OWNERS_BUCKET: &str = "foldgate-owners";
 /// Kafka topic of limit events (E1).
 pub const LIMIT_EVENTS_TOPIC: &str = "foldgate.limit-events";
 /// NATS key-value bucket holding the policy snapshot (P1).

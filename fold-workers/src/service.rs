@@ -165,7 +165,7 @@ pub async fn run_fold_worker(
         }
         round_ms = config.round_ms;
         owners.insert(shard, FoldOwner::new(config, epoch, now, takeover));
-        let group = format!("foldgate-fold.{shard}");
+        let group = subjects::fold_queue_group(shard);
         let reports = client
             .queue_subscribe(subjects::report(shard), group.clone())
             .await?;
@@ -331,7 +331,7 @@ pub struct LeaseConfig {
 impl LeaseConfig {
     pub fn reference() -> Self {
         Self {
-            bucket: "foldgate-owners".into(),
+            bucket: subjects::OWNERS_BUCKET.into(),
             ttl: Duration::from_millis(500),
             renew_every: Duration::from_millis(100),
         }
@@ -474,7 +474,7 @@ pub async fn run_elected_worker(
                     let Some(rev) = rev else { continue };
                     let mut forwarders = Vec::new();
                     for subject in [subjects::report(shard), subjects::fast_path(shard)] {
-                        let is_report = subject.starts_with("foldgate.v1.report.");
+                        let is_report = subjects::is_report(&subject);
                         let Ok(mut sub) = client.subscribe(subject).await else { continue };
                         let tx = tx.clone();
                         forwarders.push(tokio::spawn(async move {

@@ -368,7 +368,9 @@ mod bench {
                 })
             };
             let victim = match store.get(fold_workers::service::lease_key(0)).await {
-                Ok(Some(v)) => String::from_utf8_lossy(&v)[1..].parse::<usize>().ok(),
+                Ok(Some(v)) => String::from_utf8_lossy(&v)
+                    .get(1..)
+                    .and_then(|n| n.parse::<usize>().ok()),
                 _ => None,
             };
             let rate_per_key_milli = a.rate * 1_000 / a.keys as u64;

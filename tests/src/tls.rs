@@ -66,6 +66,9 @@ impl TestPki {
 /// never a grant; the fold role may publish grants and use JetStream key-value (its
 /// shard leases, `$KV.>` puts and `$JS.>` API calls).
 pub fn role_server_config(port: u16, dir: &Path) -> String {
+    use bus_schemas::subjects::{
+        FAST_PATH_TREE as fast, GRANT_TREE as grant, REPORT_TREE as report,
+    };
     let d = dir.display();
     format!(
         r#"
@@ -81,11 +84,11 @@ tls {{
 authorization {{
   users = [
     {{ user: "CN=gateway", permissions: {{
-        publish: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>"] }}
-        subscribe: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+        publish: {{ allow: ["{report}", "{fast}"] }}
+        subscribe: {{ allow: ["{grant}", "_INBOX.>"] }} }} }}
     {{ user: "CN=fold", permissions: {{
-        publish: {{ allow: ["foldgate.v1.grant.>", "_INBOX.>", "$JS.>", "$KV.>"] }}
-        subscribe: {{ allow: ["foldgate.v1.report.>", "foldgate.v1.fast.>", "foldgate.v1.grant.>", "_INBOX.>"] }} }} }}
+        publish: {{ allow: ["{grant}", "_INBOX.>", "$JS.>", "$KV.>"] }}
+        subscribe: {{ allow: ["{report}", "{fast}", "{grant}", "_INBOX.>"] }} }} }}
   ]
 }}
 "#
