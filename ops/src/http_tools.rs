@@ -371,6 +371,12 @@ pub async fn run_demo(
     if !steps.iter().any(|s| s.status == 429) {
         anyhow::bail!("no 429 earned in {} requests", steps.len());
     }
+    if steps.last().is_some_and(|s| s.status == 429) {
+        anyhow::bail!(
+            "the first 429 came on the last of {} requests: no request after the wait it named",
+            steps.len()
+        );
+    }
     Ok(steps)
 }
 
