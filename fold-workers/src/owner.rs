@@ -583,8 +583,10 @@ impl FoldOwner {
         // the reserve it still holds): lower, its invariant would read broken and halt
         // the owner for the whole shard. The rest of the window is bounded by it; the
         // nodes themselves switch at their next window.
-        let floor = ledger.least_allowance(&self.config);
-        ledger.allowance = ledger.allowance.min(entry.allowance.max(floor));
+        if entry.allowance < ledger.allowance {
+            let floor = ledger.least_allowance(&self.config);
+            ledger.allowance = ledger.allowance.min(entry.allowance.max(floor));
+        }
         let thin = ledger.spread_thin(&self.config);
         let carries_credit =
             entry.applied_grant > 0 || entry.self_granted > 0 || entry.cumulative_spend > 0;
