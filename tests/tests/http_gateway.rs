@@ -485,3 +485,80 @@ async fn degraded_enforcement_is_visible_on_every_response() {
         "{metrics}"
     );
 }
+
+/// A client that connects and sends nothing is let go at `header_read_timeout_ms`: before
+/// the protocol is known hyper reads with no timer, and such clients held their slots
+/// for good, `max_connections` of them shutting the listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_gives_its_slot_back_at_the_head_bound() {
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(
+        up,
+        "[server]\nmax_connections = 1\nheader_read_timeout_ms = 300",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), silent.read(&mut buf))
+        .await
+        .expect("the silent connection is closed")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    let (status, _, body) = get_once(&plain_client(), &gw.url("/"), Some(&key(0)))
+        .await
+        .expect("the slot is free again");
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Hop-by-hop headers are dropped on arrival, so every gateway decides on the key it
+/// forwards. `Connection: authorization` used to strip a malformed decoy only on the way
+/// out: the edge saw no usable key (no per-key floor), the node behind it saw a good one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_named_by_connection_cannot_hide_the_key_from_the_edge_floor() {
+    use gateway_node::http::edge::{EdgeGuard, EdgeSettings};
+    use gateway_node::http::proxy::UpstreamSettings;
+
+    let (up, _up_stop) = start_upstream(0).await;
+    let settings = EdgeSettings {
+        key_floor_per_s: 1,
+        upstream: UpstreamSettings {
+            urls: vec![format!("http://{up}")],
+            ..EdgeSettings::default().upstream
+        },
+        ..EdgeSettings::default()
+    };
+    let edge = Arc::new(EdgeGuard::new(&settings).unwrap());
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let (listener, addr) = ops::http_tools::loopback().await.unwrap();
+    let (admin, _) = ops::http_tools::loopback().await.unwrap();
+    tokio::spawn(gateway_node::http::server::run(
+        edge,
+        settings.server.limits(),
+        listener,
+        admin,
+        stop,
+    ));
+    // Three in a row: a second's boundary can fall between two of them, not twice.
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nauthorization: Basic Zm9v\r\nx-api-key: {}\r\n\
+             connection: authorization\r\n\r\n",
+            key(0)
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        statuses.push(String::from_utf8_lossy(&buf[..12]).to_string());
+        assert!(n >= 12);
+    }
+    assert!(statuses[0].starts_with("HTTP/1.1 200"), "{statuses:?}");
+    assert!(
+        statuses.iter().any(|s| s.starts_with("HTTP/1.1 429")),
+        "a second request in one second is over the floor of 1: {statuses:?}"
+    );
+    stop_tx.send(true).unwrap();
+}

@@ -200,7 +200,7 @@ impl Upstream {
     }
 }
 
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     // Headers named by Connection are hop-by-hop too.
     let named: Vec<HeaderName> = h
         .get_all(http::header::CONNECTION)

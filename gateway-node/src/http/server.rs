@@ -19,6 +19,7 @@ use tokio::sync::{Semaphore, watch};
 
 use super::contract::Body;
 use super::metrics::GatewayMetrics;
+use super::proxy;
 
 /// The `[server]` table of a gateway binary's configuration: where it listens and the
 /// bounds on what a client may do to it.
@@ -115,7 +116,12 @@ pub async fn serve<H, F>(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_header_list_size(limits.max_header_bytes as u32);
+        .max_header_list_size(limits.max_header_bytes as u32)
+        // An HTTP/2 connection with no stream open holds a slot as long as its peer
+        // answers pings; one that stops answering (gone, or a peer that never reads) is
+        // closed instead of holding it for good.
+        .keep_alive_interval(Some(H2_PING_EVERY))
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     loop {
         let (stream, peer) = tokio::select! {
             a = listener.accept() => match a {
@@ -132,18 +138,58 @@ pub async fn serve<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
-        let service = service_fn(move |req| {
+        let service = service_fn(move |mut req: Request<Incoming>| {
+            // Hop-by-hop headers (and those `Connection` names) are this hop's: dropped on
+            // arrival, so the key a gateway decides on is the one it forwards. Stripped
+            // only on the way out, `Connection: authorization` beside a malformed decoy
+            // let a request past the edge's per-key floor with a key the node accepted.
+            proxy::strip_hop_by_hop(req.headers_mut());
             let f = handler(req, peer);
             async move { Ok::<_, Infallible>(f.await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let head_by = limits.header_read_timeout;
         tokio::spawn(async move {
-            let _ = conn.await;
+            // hyper's HTTP/1 header timer starts once the protocol is known, and telling
+            // HTTP/1 from HTTP/2 reads the first bytes with no timer: a client that sends
+            // nothing held its slot for good, and `max_connections` of them shut the
+            // listener. The start of a request must come within the head's bound.
+            if request_begins(&stream, head_by).await {
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let _ = watcher.watch(conn.into_owned()).await;
+            }
             drop(permit);
         });
     }
     let _ = tokio::time::timeout(limits.drain, graceful.shutdown()).await;
+}
+
+/// HTTP/2 keep-alive pings on an idle connection, and how long an answer may take.
+const H2_PING_EVERY: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether a request starts on `stream` within `within`: a line end, or as many bytes as
+/// the HTTP/2 preface, seen without reading them (hyper reads them next). A client that
+/// sends nothing, or a few bytes and then nothing, is let go at the bound.
+async fn request_begins(stream: &tokio::net::TcpStream, within: Duration) -> bool {
+    const PREFACE_BYTES: usize = 24;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = [0u8; PREFACE_BYTES];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.peek(&mut seen)).await {
+            Ok(Ok(n)) if n == PREFACE_BYTES || seen[..n].contains(&b'\n') => return true,
+            // End of stream, an error, or the bound.
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return false,
+            // A partial start: peeking again returns at once with the same bytes, so wait
+            // a little for the rest.
+            Ok(Ok(_)) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
 }
 
 /// A gateway process's two faces: the API listener and the admin listener.
