@@ -324,3 +324,50 @@ fn a_bad_config_fails_fast_with_file_key_and_expectation() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM (what systemd, Kubernetes and `docker stop` send) drains: a request in flight
+/// when it comes is answered, and the process exits 0. It was killed by the signal, the
+/// request cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_requests_in_flight() {
+    let dir = temp_dir("sigterm");
+    let (up, _up_stop) = start_upstream(500).await;
+    let (port, admin) = (free_port(), free_port());
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "server.listen = \"127.0.0.1:{port}\"\nserver.admin_listen = \"127.0.0.1:{admin}\"\n\
+             server.drain_ms = 3000\nupstream.urls = [\"http://{up}\"]\n\
+             hash_key_hex = \"{HASH_KEY_HEX}\"\n{}",
+            policy(1, &[(1_000, 20), (60_000, 600)])
+        ),
+    )
+    .unwrap();
+    let mut node = spawn(env!("CARGO_BIN_EXE_foldgate-node"), &cfg, None);
+    wait_ready(admin).await;
+    let request = tokio::spawn(async move {
+        get_once(
+            &plain_client(),
+            &format!("http://127.0.0.1:{port}/slow"),
+            Some(&key(0)),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let pid = node.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let (status, _, body) = request.await.unwrap().expect("answered, not cut");
+    assert_eq!(status, 200, "{body}");
+    let by = Instant::now() + Duration::from_secs(5);
+    let exit = loop {
+        if let Some(exit) = node.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < by, "still running 5 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "exit {exit:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -262,7 +262,9 @@ pub async fn bind_pair(
     Ok((bind(listen).await?, bind(admin_listen).await?))
 }
 
-/// `run` until Ctrl-C (or `stop` is sent), then drain: the binaries' main loop.
+/// `run` until SIGTERM or Ctrl-C (or `stop` is sent), then drain: the binaries' main loop.
+/// SIGTERM is what systemd, Kubernetes and `docker stop` send; with Ctrl-C alone it killed
+/// the process mid-request and `drain_ms` never applied.
 pub async fn run_until_ctrl_c<G: Gateway>(
     gateway: Arc<G>,
     limits: ServerLimits,
@@ -270,8 +272,13 @@ pub async fn run_until_ctrl_c<G: Gateway>(
     stop: watch::Sender<bool>,
 ) {
     let shutdown = stop.subscribe();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
         let _ = stop.send(true);
     });
     run(gateway, limits, listener, admin, shutdown).await;
