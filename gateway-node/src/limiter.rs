@@ -1386,7 +1386,7 @@ impl NodeLimiter {
         };
         let KeyState { track, records, .. } = state;
         let Some(rec) = records
-            .iter()
+            .iter_mut()
             .find(|(w, _)| *w == kw.window)
             .map(|(_, r)| r)
         else {
@@ -1395,7 +1395,21 @@ impl NodeLimiter {
         let Place::Off { credit: off_credit } = rec.place else {
             return;
         };
-        let slot = usize::from(rec.slot);
+        // The slot is where the bucket's own plan has this window's length, not the one
+        // the record was made with: a policy switch (P1) can drop or move a length, and a
+        // key evicted before it keeps records from the old plan. Placed by a stale slot,
+        // the credit landed in another window's word and drained it (same parity).
+        let Some(slot) = bucket
+            .policy()
+            .windows()
+            .iter()
+            .position(|w| w.length_ms == kw.window.length_ms)
+        else {
+            // The plan has no such window now: the credit stays off the word, for the
+            // record to hand back as its window closes.
+            return;
+        };
+        rec.slot = slot as u8;
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = track.get_or_insert_with(KeyTrack::default);
         let in_word = track.installed.get(slot, p);

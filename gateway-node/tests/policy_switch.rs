@@ -101,3 +101,71 @@ fn a_dropped_window_hands_its_credit_back_and_stops_denying() {
         u64::from(admitted) + 1
     );
 }
+
+/// A grant for a window length the new plan dropped (in flight at the switch, or the
+/// answer to the dropped line's next report) is never placed in the bucket: its record
+/// kept the old plan's slot, which is now another window's, and installing it there
+/// drained that window's credit (its number sharing the word's parity), left every
+/// decision on it denied and tripped the reconciler's asserts.
+#[test]
+fn a_grant_for_a_dropped_window_leaves_the_other_windows_credit_alone() {
+    use bus_schemas::{GrantBatch, GrantEntry, OwnerEpoch, ShardId};
+
+    // A moment when the key's 1 s and 60 s window numbers share their parity, so the
+    // two would share a credit word in one slot, with both windows open a while yet.
+    let open_for = |length_ms: u32, ms: u64| {
+        window_end_ms(key(0), window_at(key(0), length_ms, ms)) - ms > 200
+    };
+    let at = (0..2_000u64)
+        .map(|i| T0.wall_ms + i * 250)
+        .find(|&ms| {
+            window_at(key(0), 1_000, ms).number % 2 == window_at(key(0), 60_000, ms).number % 2
+                && open_for(1_000, ms)
+                && open_for(60_000, ms)
+        })
+        .expect("parities meet within 500 s");
+    let now = Now {
+        wall_ms: at,
+        mono_ms: T0.mono_ms + (at - T0.wall_ms),
+    };
+    let old = KeyPolicy::new(&[w(1_000, 100), w(60_000, 1_000)], 25).unwrap();
+    let mut node = leasing_node(1);
+    let surface = node.surface().clone();
+    let _ = surface.decide(key(0), now.wall_ms, &old);
+    node.handle_tick(now);
+    let (id, epoch) = (node.node(), node.epoch());
+    let grant = |length_ms: u32, seq: u64, total: u64| GrantBatch {
+        owner_epoch: OwnerEpoch(1),
+        shard: ShardId(0),
+        node: id,
+        entries: vec![GrantEntry {
+            key_window: kw(0, length_ms, now.wall_ms),
+            node_epoch: epoch,
+            grant_seq: seq,
+            credit_total: total,
+            exhausted: false,
+        }],
+    };
+    let (short, long) = (grant(1_000, 1, 10), grant(60_000, 1, 50));
+    node.handle_grant_batch(now, &short);
+    node.handle_grant_batch(now, &long);
+    let new = KeyPolicy::new(&[w(60_000, 1_000)], 25).unwrap();
+    assert_eq!(node.handle_policy(now, 1, |_| Some(new)), 1);
+    let late = grant(1_000, 2, 20);
+    node.handle_grant_batch(now, &late);
+    node.check_invariants().unwrap();
+    for _ in 0..5 {
+        assert_eq!(surface.decide(key(0), now.wall_ms, &new), Decision::Admit);
+    }
+    node.handle_tick(Now {
+        wall_ms: now.wall_ms + 25,
+        mono_ms: now.mono_ms + 25,
+    });
+    node.check_invariants().unwrap();
+    let line = node.line_for(&kw(0, 60_000, now.wall_ms)).unwrap();
+    assert_eq!(
+        (line.cumulative_spend, line.held_credit + line.returned),
+        (5, 45),
+        "{line:?}"
+    );
+}
