@@ -845,7 +845,7 @@ impl NodeLimiter {
             self.schedule(now, key);
         }
         self.send_reports(now, per_shard);
-        self.evict_if_over_cap();
+        self.evict_if_over_cap(now.wall_ms);
         let expiry_ms = 4 * u64::from(self.config.round_ms);
         self.pending
             .retain(|_, p| now.mono_ms.saturating_sub(p.sent_mono_ms) < expiry_ms);
@@ -1624,7 +1624,8 @@ impl NodeLimiter {
 
     /// D7: when the surface nears its cap, evict the least recently seen buckets that hold
     /// no credit in any word. Their records stay, so spend is never forgotten mid-window.
-    fn evict_if_over_cap(&mut self) {
+    fn evict_if_over_cap(&mut self, now_ms: u64) {
+        let surface = Arc::clone(&self.surface);
         let cap = self.surface.config().bucket_cap;
         let high = cap - cap / 10;
         if self.surface.len() <= high {
@@ -1636,7 +1637,7 @@ impl NodeLimiter {
             let empty = bucket
                 .all_words()
                 .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0);
-            if empty {
+            if empty && !surface.fast_path_in_flight(bucket, now_ms) {
                 // A track is as of its key's last visit; the rounds since were quiet.
                 let round = self.round;
                 let idle_rounds = self
@@ -1652,7 +1653,9 @@ impl NodeLimiter {
                         t.idle_rounds
                             .saturating_add(u32::try_from(unseen).unwrap_or(u32::MAX))
                     })
-                    .unwrap_or(u32::MAX);
+                    // No track yet: a key whose first request came since the last round,
+                    // the least idle there is (it was evicted first, as if the most).
+                    .unwrap_or(0);
                 candidates.push((std::cmp::Reverse(idle_rounds), key));
             }
         });
@@ -1660,9 +1663,14 @@ impl NodeLimiter {
         let excess = self.surface.len().saturating_sub(target);
         let mut evicted = std::collections::HashSet::new();
         for (_, key) in candidates.into_iter().take(excess) {
+            // A key whose fast path is in flight stays: evicted, its answer had no
+            // bucket to land in and the request and its joiners failed open (D7 says
+            // reload on next sight, not admit unchecked).
             let gone = self.surface.evict_if(&key, |b| {
-                b.all_words()
-                    .all(|w| credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0)
+                !surface.fast_path_in_flight(b, now_ms)
+                    && b.all_words().all(|w| {
+                        credit::word_credit(w.load(std::sync::atomic::Ordering::Acquire)) == 0
+                    })
             });
             if gone {
                 self.stats.evictions += 1;

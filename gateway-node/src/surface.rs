@@ -121,6 +121,17 @@ pub(crate) fn round_tag(round: u64) -> u16 {
 const FAST_PATH_INFLIGHT: u16 = 1;
 
 impl KeyBucket {
+    /// A request is asking the owner for this key (D5): the flag set in round `round` or
+    /// the one before (an ask takes at most 1 ms, which can span a round's turn). A flag
+    /// older than that was left by a request dropped mid-flight.
+    pub(crate) fn fast_path_in_flight(&self, round: u64) -> bool {
+        let seen = self.fast_path.load(Ordering::Acquire);
+        seen & FAST_PATH_INFLIGHT != 0
+            && [round, round.wrapping_sub(1)]
+                .iter()
+                .any(|r| seen >> 1 == round_tag(*r))
+    }
+
     /// Allocates the cold box: a new key's first request is the one decision that may
     /// allocate (D4's "common path" is every later one; `tests/no_alloc.rs`).
     fn new(key: KeyId, policy: KeyPolicy) -> Self {
@@ -497,6 +508,11 @@ impl DecisionSurface {
     pub fn fast_path_pending(&self, key: KeyId) -> bool {
         self.get(&key)
             .is_some_and(|b| b.fast_path.load(Ordering::Acquire) & FAST_PATH_INFLIGHT != 0)
+    }
+
+    /// Whether `bucket`'s fast path is in flight at `wall_ms` (`KeyBucket::fast_path_in_flight`).
+    pub(crate) fn fast_path_in_flight(&self, bucket: &KeyBucket, wall_ms: u64) -> bool {
+        bucket.fast_path_in_flight(self.fast_path_round_at(wall_ms))
     }
 
     #[inline]

@@ -384,10 +384,19 @@ fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
     for i in 2..cap as u64 {
         let _ = surface.decide(key(i), T0.wall_ms, &policy);
     }
-    let later = bus_schemas::Now {
-        wall_ms: T0.wall_ms + 25,
-        mono_ms: T0.mono_ms + 25,
+    // Each new key's first request took the fast path, which this test never answers:
+    // a round later the flood is still asking (not evictable), two rounds later not.
+    let round = |n: u64| bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25 * n,
+        mono_ms: T0.mono_ms + 25 * n,
     };
+    node.handle_tick(round(1));
+    assert!(
+        node.stats().evictions <= 1,
+        "keys asking the owner stay (k0, whose ask predates the first round, may go): {}",
+        node.stats().evictions
+    );
+    let later = round(2);
     node.handle_tick(later);
     assert!(
         surface.len() <= cap - cap / 5 + 1,
@@ -624,4 +633,47 @@ fn a_stale_grant_for_an_old_window_leaves_the_live_window_alone() {
     });
     node.check_invariants().unwrap();
     assert_eq!(node.line_for(&kw).unwrap().cumulative_spend, 5);
+}
+
+/// D7 near the bucket cap: a key whose fast path is in flight is not evicted under it
+/// (its answer would find no bucket and the request fail open), and a key whose first
+/// request came since the last round is not the first to go.
+#[test]
+fn eviction_spares_a_key_whose_fast_path_is_in_flight() {
+    use gateway_node::{DecisionSurface, NodeConfig, NodeLimiter, SurfaceConfig};
+
+    let surface = std::sync::Arc::new(DecisionSurface::new(SurfaceConfig {
+        bucket_cap: 10,
+        ..SurfaceConfig::default()
+    }));
+    let mut node = NodeLimiter::new(
+        NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            ..NodeConfig::reference(bus_schemas::NodeId(0))
+        },
+        surface.clone(),
+        bus_schemas::NodeEpoch(1),
+        T0,
+    );
+    let policy = one_window_policy(60_000);
+    node.handle_tick(T0);
+    let needs: Vec<_> = (0..10)
+        .map(|i| match surface.decide(key(i), T0.wall_ms, &policy) {
+            Decision::FastPath(need) => need,
+            d => panic!("a fresh key asks the owner: {d:?}"),
+        })
+        .collect();
+    node.handle_tick(bus_schemas::Now {
+        wall_ms: T0.wall_ms + 25,
+        mono_ms: T0.mono_ms + 25,
+    });
+    for need in needs {
+        let d = surface.decide_after_fast_path(need.key, T0.wall_ms + 25, &policy, true);
+        assert!(
+            !matches!(d, Decision::FailOpen),
+            "{:?}: its bucket went while it asked",
+            need.key
+        );
+    }
 }
