@@ -366,6 +366,25 @@ struct Held {
     forwarders: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Self-fence (C8): a lease last renewed half its life ago may lapse, or have lapsed while
+/// this worker was paused, with another worker taking it. The shard is dropped before this
+/// worker answers anything more for it: checked right after a renewal pass only, it never
+/// fired (the pass had just stamped every lease it kept), and a worker back from a pause
+/// went on granting under its old epoch until its next pass.
+fn fence_stale_leases(held: &mut BTreeMap<u32, Held>, ttl: Duration, stats: &FoldWorkerStats) {
+    let now = tokio::time::Instant::now();
+    let before = held.len();
+    held.retain(|_, h| now.duration_since(h.renewed) < ttl / 2);
+    if held.len() != before {
+        stats
+            .leases_lost
+            .fetch_add((before - held.len()) as u64, Ordering::Relaxed);
+        stats
+            .shards_owned
+            .store(held.len() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         for f in &self.forwarders {
@@ -498,14 +517,12 @@ pub async fn run_elected_worker(
                         forwarders,
                     });
                 }
-                // Self-fence: a lease not renewed for half its life may lapse while we
-                // still think we hold it; stop before anyone else can start.
-                let before = held.len();
-                held.retain(|_, h| now.duration_since(h.renewed) < lease.ttl / 2);
-                stats.leases_lost.fetch_add((before - held.len()) as u64, Ordering::Relaxed);
                 stats.shards_owned.store(held.len() as u64, Ordering::Relaxed);
             }
-            _ = rounds.tick() => tick_round(&client, &stats, &mut held, clock()).await,
+            _ = rounds.tick() => {
+                fence_stale_leases(&mut held, lease.ttl, &stats);
+                tick_round(&client, &stats, &mut held, clock()).await
+            }
             Ok(()) = policy_rx.changed() => {
                 if let Some(p) = policy_rx.borrow_and_update().clone() {
                     for owner in held.each() {
@@ -515,6 +532,7 @@ pub async fn run_elected_worker(
             }
             m = rx.recv() => {
                 let Some(m) = m else { return Ok(()) };
+                fence_stale_leases(&mut held, lease.ttl, &stats);
                 handle(&client, &stats, &mut held, &clock, m).await;
             }
         }
