@@ -28,6 +28,12 @@ struct Args {
     /// Lease lifetime, ms; renewed every quarter of it.
     #[arg(long, default_value_t = 500)]
     lease_ms: u64,
+    /// After taking a shard, how long to wait for every fleet node to acknowledge the new
+    /// owner before granting to those that have (C8), ms. Without a bound, one node down
+    /// kept the whole shard withheld (nodes kept "healthy" by its empty answers, so none
+    /// self-granted) until that node came back.
+    #[arg(long, default_value_t = 1_000)]
+    takeover_ack_timeout_ms: u64,
     /// mTLS to NATS (B2): the CA to trust (PEM). Setting it requires TLS.
     #[arg(long)]
     nats_ca_file: Option<std::path::PathBuf>,
@@ -82,6 +88,7 @@ async fn main() -> Result<()> {
         ));
     }
     let (shards, fleet) = (args.shards, args.fleet);
+    let takeover_ack_timeout_ms = Some(args.takeover_ack_timeout_ms);
     let lease = LeaseConfig {
         ttl: Duration::from_millis(args.lease_ms),
         renew_every: Duration::from_millis((args.lease_ms / 4).max(10)),
@@ -98,6 +105,7 @@ async fn main() -> Result<()> {
         move |s| OwnerConfig {
             shards,
             fleet_size: fleet,
+            takeover_ack_timeout_ms,
             ..OwnerConfig::reference(ShardId(s))
         },
         clock,
