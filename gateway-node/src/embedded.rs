@@ -141,7 +141,9 @@ impl EmbeddedBus {
     }
 
     /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
-    /// fast path is a function call and never misses its deadline.
+    /// fast path is a function call with no deadline to miss; it does wait for the round's
+    /// tick to let go of the books, blocking its thread that long (the single-process
+    /// default only: on NATS a fast path gives up at its 1 ms deadline, `NodeBus`).
     pub fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
             Decision::FastPath(need) if need.join => self.join_fast_path(now, need, policy),

@@ -562,3 +562,21 @@ async fn a_header_named_by_connection_cannot_hide_the_key_from_the_edge_floor() 
     );
     stop_tx.send(true).unwrap();
 }
+
+/// A fail-open admit (D8: a limiter-internal fault) is enforcement degraded and says so,
+/// as an F5 response does; it came back as a plain 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_open_admit_is_marked_degraded() {
+    let (up, _up_stop) = start_upstream(0).await;
+    let gw = start_gateway(up, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    gw.gateway.runtime.surface().set_fault(true);
+    let (status, headers, body) = get_once(&plain_client(), &gw.url("/"), Some(&key(0)))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        headers.get("x-ratelimit-degraded").map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "{headers:?}"
+    );
+}

@@ -140,10 +140,20 @@ pub enum SettingsError {
     #[error("upstream: {0}")]
     Upstream(#[from] super::proxy::UpstreamError),
     #[error(
-        "`fleet_size`, `shards` and `round_ms` must be at least 1, and `node_id` below `fleet_size`"
+        "`fleet_size`, `shards` and `bucket_cap` must be at least 1, `round_ms` 1 to 1000, and `node_id` below `fleet_size`"
     )]
     Fleet,
+    #[error("policy: {0} (the checks a policy snapshot from the bus gets)")]
+    PolicyWire(#[from] bus_schemas::DecodeError),
+    #[error(
+        "`policy.version` must be at least 1 when the policy names plans or keys (0 is \"no policy yet\")"
+    )]
+    PolicyVersion,
 }
+
+/// The longest round a node may be configured with: C1's round is 25 ms, and the fast
+/// path's once-a-round budget (D5) and every bound counted in rounds assume a short one.
+const MAX_ROUND_MS: u32 = 1_000;
 
 impl NodeSettings {
     pub fn hasher(&self) -> Result<KeyHasher, SettingsError> {
@@ -165,7 +175,8 @@ impl NodeSettings {
         };
         if self.fleet_size == 0
             || self.shards == 0
-            || self.round_ms == 0
+            || self.bucket_cap == 0
+            || !(1..=MAX_ROUND_MS).contains(&self.round_ms)
             || self.node_id >= self.fleet_size
         {
             return Err(SettingsError::Fleet);
@@ -181,11 +192,18 @@ impl NodeSettings {
     }
 
     pub fn surface_config(&self) -> SurfaceConfig {
+        let defaults = SurfaceConfig::default();
         SurfaceConfig {
             bucket_cap: self.bucket_cap,
             round_ms: self.round_ms,
             backstop_multiple: self.backstop_multiple,
-            ..SurfaceConfig::default()
+            // A reconciler is stalled when it misses rounds, not when a long round is
+            // simply not over yet: at a second's round the default bound failed the
+            // node open for part of every round.
+            reconciler_stall_ms: defaults
+                .reconciler_stall_ms
+                .max(4 * u64::from(self.round_ms)),
+            ..defaults
         }
     }
 }
@@ -212,6 +230,11 @@ impl PolicySettings {
                 })
             })
             .collect::<Result<Vec<_>, SettingsError>>()?;
+        if self.version == 0 && !(self.plans.is_empty() && self.keys.is_empty()) {
+            // The runtime refuses a policy no newer than the one in force (none: 0), so
+            // this one would be dropped without a word and every key get a 401.
+            return Err(SettingsError::PolicyVersion);
+        }
         let snapshot = PolicySnapshot {
             version: self.version,
             plans: self
@@ -225,6 +248,12 @@ impl PolicySettings {
                 .collect(),
             keys,
         };
+        // Through the wire codec: a file's policy gets every check one from the bus does
+        // (limits within the 40-bit credit word, windows of at most a day), which the
+        // state machines' arithmetic relies on.
+        let snapshot = <PolicySnapshot as bus_schemas::Envelope>::decode(
+            &bus_schemas::Envelope::encode(&snapshot),
+        )?;
         Ok(PolicyIndex::from_snapshot(&snapshot, round_ms)?)
     }
 }
@@ -368,6 +397,8 @@ impl NodeGateway {
         };
         let key_text = KeyIdText(key).to_string();
         let surface = self.runtime.surface();
+        // A fail-open admit is enforcement degraded as much as F5 is: it says so too.
+        let mut failed_open = false;
         if self.limiter_enabled {
             let t = Instant::now();
             let decision = self.runtime.decide_at(key, &policy, (self.clock)()).await;
@@ -375,6 +406,7 @@ impl NodeGateway {
             match decision {
                 Decision::Admit => self.metrics.verdict(Verdict::Admit),
                 Decision::FailOpen => {
+                    failed_open = true;
                     self.metrics.verdict(Verdict::FailOpen);
                     tracing::warn!(correlation_id = cid, key_id = %key_text, "fail-open admit (D8)");
                 }
@@ -399,7 +431,10 @@ impl NodeGateway {
                 }
                 // `decide_at` settles the fast path itself; seeing one here is a limiter
                 // bug, which D8 answers by failing open within the backstop (not here).
-                Decision::FastPath(_) => self.metrics.verdict(Verdict::FailOpen),
+                Decision::FastPath(_) => {
+                    failed_open = true;
+                    self.metrics.verdict(Verdict::FailOpen)
+                }
             }
         }
         let extra = HeaderValue::from_str(&key_text)
@@ -407,7 +442,7 @@ impl NodeGateway {
             .unwrap_or_default();
         let (mut resp, outcome) = self.upstream.forward(req, peer, cid, &extra).await;
         self.metrics.outcome(outcome);
-        if surface.degraded() {
+        if failed_open || surface.degraded() {
             resp.headers_mut()
                 .insert(contract::DEGRADED, HeaderValue::from_static("true"));
         }
@@ -661,8 +696,39 @@ mod tests {
         bad.policy.keys[0].plan = 9;
         assert!(matches!(
             bad.policy.index(25),
-            Err(SettingsError::Policy(_))
+            Err(SettingsError::Policy(_) | SettingsError::PolicyWire(_))
         ));
+        // A file's policy gets the bus's checks: a limit past the 40-bit credit word.
+        bad = s.clone();
+        bad.policy.plans[0].windows[0].limit = 1 << 41;
+        assert!(matches!(
+            bad.policy.index(25),
+            Err(SettingsError::PolicyWire(_))
+        ));
+        // Version 0 is "no policy yet": such a policy was dropped without a word.
+        bad = s.clone();
+        bad.policy.version = 0;
+        assert!(matches!(
+            bad.policy.index(25),
+            Err(SettingsError::PolicyVersion)
+        ));
+        for broken in [
+            NodeSettings {
+                bucket_cap: 0,
+                ..s.clone()
+            },
+            NodeSettings {
+                round_ms: 2_000,
+                ..s.clone()
+            },
+        ] {
+            assert!(matches!(broken.node_config(), Err(SettingsError::Fleet)));
+        }
+        let slow = NodeSettings {
+            round_ms: 1_000,
+            ..s.clone()
+        };
+        assert!(slow.surface_config().reconciler_stall_ms >= 4_000);
         bad = s;
         bad.mode = "fast".into();
         assert!(matches!(bad.node_config(), Err(SettingsError::Mode(_))));
