@@ -580,3 +580,52 @@ async fn a_fail_open_admit_is_marked_degraded() {
         "{headers:?}"
     );
 }
+
+/// An upstream that sends a head and then part of its body and stalls: the body is given
+/// up once nothing comes for the upstream timeout. The timeout bounded the head only, and
+/// such a response held the client's connection and the upstream socket for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let gw = start_gateway(
+        up,
+        "upstream.timeout_ms = 300",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the response never ended: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+}

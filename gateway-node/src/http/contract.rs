@@ -4,14 +4,13 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::retry::RetryAfter;
 use crate::surface::Denial;
 use bus_schemas::LimitReason;
 
 /// What the gateway answers with: an upstream's streamed body, or one it made.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<super::proxy::UpstreamBody, Full<Bytes>>;
 
 pub const REQUEST_ID: &str = "x-request-id";
 pub const DEGRADED: &str = "x-ratelimit-degraded";

@@ -166,7 +166,10 @@ impl Upstream {
                 strip_hop_by_hop(&mut parts.headers);
                 contract::set_correlation(&mut parts.headers, correlation_id);
                 (
-                    Response::from_parts(parts, Either::Left(body)),
+                    Response::from_parts(
+                        parts,
+                        Either::Left(UpstreamBody::new(body, self.timeout)),
+                    ),
                     Outcome::Proxied,
                 )
             }
@@ -214,5 +217,59 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
     for n in HOP_BY_HOP {
         h.remove(n);
+    }
+}
+
+/// An upstream response's body, given up when no part of it comes for `idle` (the
+/// upstream timeout): that timeout bounds the wait for the head, and a body that stalled
+/// after it held the client's connection, its slot and the upstream socket for good.
+pub struct UpstreamBody {
+    inner: Incoming,
+    idle: Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl UpstreamBody {
+    fn new(inner: Incoming, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl hyper::body::Body for UpstreamBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.timer.as_mut().reset(next);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err("the upstream's body stalled".into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
