@@ -588,8 +588,13 @@ async fn a_burst_on_a_short_key_joins_one_fast_path_instead_of_denying() {
          bursts whose fast path missed its deadline {missed_bursts}"
     );
     // Each burst's first request wins the round's fast path for both windows; the rest
-    // join it. A round boundary inside a burst may start a second one.
-    assert!(joined_total >= 5 * 25, "joined {joined_total}");
+    // join it. A round boundary inside a burst may start a second one. A burst whose ask
+    // missed its deadline (say the round's tick held the limiter past it) was settled
+    // at once, and its later requests found nothing to join.
+    assert!(
+        joined_total >= 25 * (5 - missed_bursts),
+        "joined {joined_total}"
+    );
     assert!(requests <= 5 * 2 * 2, "{requests} fast-path requests");
     assert!(
         missed_bursts <= 2,
