@@ -120,13 +120,18 @@ pub(crate) fn round_tag(round: u64) -> u16 {
 
 const FAST_PATH_INFLIGHT: u16 = 1;
 
+/// Whether a bucket's fast-path word has its in-flight flag set, of whatever round.
+fn flagged(fast_path: u16) -> bool {
+    fast_path & FAST_PATH_INFLIGHT != 0
+}
+
 impl KeyBucket {
     /// A request is asking the owner for this key (D5): the flag set in round `round` or
     /// the one before (an ask takes at most 1 ms, which can span a round's turn). A flag
     /// older than that was left by a request dropped mid-flight.
     pub(crate) fn fast_path_in_flight(&self, round: u64) -> bool {
         let seen = self.fast_path.load(Ordering::Acquire);
-        seen & FAST_PATH_INFLIGHT != 0
+        flagged(seen)
             && [round, round.wrapping_sub(1)]
                 .iter()
                 .any(|r| seen >> 1 == round_tag(*r))
@@ -507,7 +512,7 @@ impl DecisionSurface {
     /// Whether a fast path for `key` is still in flight (see `FastPathNeed::join`).
     pub fn fast_path_pending(&self, key: KeyId) -> bool {
         self.get(&key)
-            .is_some_and(|b| b.fast_path.load(Ordering::Acquire) & FAST_PATH_INFLIGHT != 0)
+            .is_some_and(|b| flagged(b.fast_path.load(Ordering::Acquire)))
     }
 
     /// Whether `bucket`'s fast path is in flight at `wall_ms` (`KeyBucket::fast_path_in_flight`).

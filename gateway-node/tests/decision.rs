@@ -592,30 +592,18 @@ fn a_stale_grant_for_an_old_window_leaves_the_live_window_alone() {
     let _ = surface.decide(k, T0.wall_ms, &policy);
     node.handle_tick(T0);
     let live = window_at(k, 1_000, T0.wall_ms);
-    let (id, epoch) = (node.node(), node.epoch());
-    let grant = |number: u64, credit_total: u64| GrantBatch {
-        owner_epoch: OwnerEpoch(1),
-        shard: bus_schemas::ShardId(0),
-        node: id,
-        entries: vec![GrantEntry {
-            key_window: KeyWindow {
-                key: k,
-                window: bus_schemas::WindowId {
-                    length_ms: 1_000,
-                    number,
-                },
-            },
-            node_epoch: epoch,
-            grant_seq: 1,
-            credit_total,
-            exhausted: false,
-        }],
+    let at = |number: u64| KeyWindow {
+        key: k,
+        window: bus_schemas::WindowId {
+            length_ms: 1_000,
+            number,
+        },
     };
-    let live_grant = grant(live.number, 5);
+    let live_grant = grant_of(&node, at(live.number), 1, 5);
     node.handle_grant_batch(T0, &live_grant);
     assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);
     // Four windows back: the same parity, so the same word.
-    let stale = grant(live.number - 4, 9);
+    let stale = grant_of(&node, at(live.number - 4), 1, 9);
     node.handle_grant_batch(T0, &stale);
     for _ in 0..4 {
         assert_eq!(surface.decide(k, T0.wall_ms, &policy), Decision::Admit);

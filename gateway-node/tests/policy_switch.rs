@@ -109,8 +109,6 @@ fn a_dropped_window_hands_its_credit_back_and_stops_denying() {
 /// decision on it denied and tripped the reconciler's asserts.
 #[test]
 fn a_grant_for_a_dropped_window_leaves_the_other_windows_credit_alone() {
-    use bus_schemas::{GrantBatch, GrantEntry, OwnerEpoch, ShardId};
-
     // A moment when the key's 1 s and 60 s window numbers share their parity, so the
     // two would share a credit word in one slot, with both windows open a while yet.
     let open_for = |length_ms: u32, ms: u64| {
@@ -133,25 +131,15 @@ fn a_grant_for_a_dropped_window_leaves_the_other_windows_credit_alone() {
     let surface = node.surface().clone();
     let _ = surface.decide(key(0), now.wall_ms, &old);
     node.handle_tick(now);
-    let (id, epoch) = (node.node(), node.epoch());
-    let grant = |length_ms: u32, seq: u64, total: u64| GrantBatch {
-        owner_epoch: OwnerEpoch(1),
-        shard: ShardId(0),
-        node: id,
-        entries: vec![GrantEntry {
-            key_window: kw(0, length_ms, now.wall_ms),
-            node_epoch: epoch,
-            grant_seq: seq,
-            credit_total: total,
-            exhausted: false,
-        }],
+    let grant = |node: &gateway_node::NodeLimiter, length_ms, seq, total| {
+        grant_of(node, kw(0, length_ms, now.wall_ms), seq, total)
     };
-    let (short, long) = (grant(1_000, 1, 10), grant(60_000, 1, 50));
+    let (short, long) = (grant(&node, 1_000, 1, 10), grant(&node, 60_000, 1, 50));
     node.handle_grant_batch(now, &short);
     node.handle_grant_batch(now, &long);
     let new = KeyPolicy::new(&[w(60_000, 1_000)], 25).unwrap();
     assert_eq!(node.handle_policy(now, 1, |_| Some(new)), 1);
-    let late = grant(1_000, 2, 20);
+    let late = grant(&node, 1_000, 2, 20);
     node.handle_grant_batch(now, &late);
     node.check_invariants().unwrap();
     for _ in 0..5 {

@@ -125,11 +125,36 @@ impl WindowRun {
     }
 
     fn batch(&self, entries: Vec<bus_schemas::GrantEntry>) -> bus_schemas::GrantBatch {
-        bus_schemas::GrantBatch {
-            owner_epoch: bus_schemas::OwnerEpoch(1),
-            shard: bus_schemas::ShardId(0),
-            node: self.node.node(),
-            entries,
-        }
+        grant_batch(&self.node, entries)
     }
+}
+
+/// The owner's (epoch 1, shard 0) batch of `entries` for `node`.
+pub fn grant_batch(
+    node: &NodeLimiter,
+    entries: Vec<bus_schemas::GrantEntry>,
+) -> bus_schemas::GrantBatch {
+    bus_schemas::GrantBatch {
+        owner_epoch: bus_schemas::OwnerEpoch(1),
+        shard: bus_schemas::ShardId(0),
+        node: node.node(),
+        entries,
+    }
+}
+
+/// The owner's grant of `credit_total` in all for `kw` to `node`'s epoch, at `grant_seq`.
+pub fn grant_of(
+    node: &NodeLimiter,
+    key_window: bus_schemas::KeyWindow,
+    grant_seq: u64,
+    credit_total: u64,
+) -> bus_schemas::GrantBatch {
+    let entry = bus_schemas::GrantEntry {
+        key_window,
+        node_epoch: node.epoch(),
+        grant_seq,
+        credit_total,
+        exhausted: false,
+    };
+    grant_batch(node, vec![entry])
 }
