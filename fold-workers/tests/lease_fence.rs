@@ -1,0 +1,171 @@
+//! C8's self-fence with fold workers as OS processes: the owner of shard 0 is paused
+//! (SIGSTOP) past its lease, another worker takes the shard, and the paused one resumes.
+//! It must send nothing more under its old owner epoch.
+//!
+//! This drill does not single out stop 20's fix (the fence checked before every round
+//! and inbound message, where it ran only right after a renewal pass): with the fence as
+//! it was, it passed 4 runs of 4. On resume the worker's lease pass usually runs before
+//! any report queued during the pause reaches its loop, and that pass drops the shard.
+//! It holds the outcome, not the order.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bus_schemas::{
+    Envelope, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, ReportBatch,
+    ReportEntry, ShardId, WindowId, subjects,
+};
+use fold_workers::service::{LeaseConfig, lease_key};
+use foldgate_tests::KillOnDrop;
+use foldgate_tests::nats::NatsServer;
+use futures::StreamExt;
+
+const LEASE_MS: u64 = 200;
+
+async fn holder(store: &async_nats::jetstream::kv::Store) -> Option<(String, u64)> {
+    let e = store.entry(lease_key(0)).await.ok()??;
+    (e.operation == async_nats::jetstream::kv::Operation::Put)
+        .then(|| (String::from_utf8_lossy(&e.value).into_owned(), e.revision))
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Node 0's report of one busy line, acknowledging any owner epoch.
+fn report(seq: u64) -> ReportBatch {
+    let key = KeyId {
+        version: 1,
+        digest: 0xfe_u128,
+    };
+    let now = wall_ms();
+    ReportBatch {
+        node: NodeId(0),
+        node_epoch: NodeEpoch(1),
+        seq,
+        shard: ShardId(0),
+        sent_at_ms: now,
+        owner_epoch_seen: OwnerEpoch(u64::MAX / 2),
+        entries: vec![ReportEntry {
+            key_window: KeyWindow {
+                key,
+                window: WindowId {
+                    length_ms: 60_000,
+                    number: now / 60_000,
+                },
+            },
+            allowance: 1_000_000,
+            cumulative_spend: 0,
+            demand: 1_000,
+            held_credit: 0,
+            applied_grant: 0,
+            returned: 0,
+            self_granted: 0,
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_sends_nothing_under_the_epoch_it_lost() {
+    let server = NatsServer::start();
+    let workers: Vec<KillOnDrop> = (0..2)
+        .map(|w| {
+            KillOnDrop(
+                Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
+                    .args(["--nats", &server.url(), "--name", &format!("w{w}")])
+                    .args(["--shards", "1", "--fleet", "1"])
+                    .args(["--lease-ms", &LEASE_MS.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("foldgate-fold"),
+            )
+        })
+        .collect();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let by = Instant::now() + Duration::from_secs(10);
+    let store = loop {
+        if let Ok(s) = js.get_key_value(LeaseConfig::reference().bucket).await {
+            break s;
+        }
+        assert!(Instant::now() < by, "no worker created the lease bucket");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (victim, old_epoch) = loop {
+        if let Some(h) = holder(&store).await {
+            break h;
+        }
+        assert!(Instant::now() < by, "shard 0 found no owner");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let victim_index: usize = victim[1..].parse().unwrap();
+    let mut grants = client.subscribe(subjects::GRANT_TREE).await.unwrap();
+    // A node reporting every round, its reply subject its grant inbox.
+    let reporter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            for seq in 1.. {
+                let bytes = report(seq).encode();
+                let _ = client
+                    .publish_with_reply(subjects::report(0), subjects::grant_inbox(0), bytes.into())
+                    .await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = workers[victim_index].0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Past its lease, and long enough for the other worker to take the shard.
+    let taken_by = Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some((who, rev)) = holder(&store).await
+            && who != victim
+        {
+            assert!(rev > old_epoch);
+            break;
+        }
+        assert!(
+            Instant::now() < taken_by,
+            "nobody took the paused owner's shard"
+        );
+    }
+    // Let the paused worker's inbound reports queue up, then drain what was sent so far
+    // (the new owner answers every round, so drain for a while, not until a gap).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let drained_by = tokio::time::Instant::now() + Duration::from_millis(100);
+    while let Ok(Some(_)) = tokio::time::timeout_at(drained_by, grants.next()).await {}
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut stale = 0;
+    let mut seen = 0;
+    let until = tokio::time::Instant::now() + Duration::from_millis(600);
+    while let Ok(Some(m)) = tokio::time::timeout_at(until, grants.next()).await {
+        if let Ok(b) = GrantBatch::decode(&m.payload) {
+            seen += 1;
+            stale += usize::from(b.owner_epoch == OwnerEpoch(old_epoch));
+        }
+    }
+    reporter.abort();
+    assert!(seen > 0, "the new owner answers the reports");
+    assert_eq!(
+        stale, 0,
+        "{stale} of {seen} grant batches after the resume carried the lost epoch"
+    );
+}
