@@ -39,13 +39,7 @@ fn a_line_for_a_window_far_ahead_gets_no_ledger_and_no_credit() {
 fn node_ids_outside_the_fleet_and_a_restart_storms_empty_lines_are_refused() {
     let now = common::START;
     let mut owner = common::owner(4);
-    let kw = KeyWindow {
-        key: common::key(9),
-        window: WindowId {
-            length_ms: 60_000,
-            number: now.wall_ms / 60_000,
-        },
-    };
+    let kw = common::minute_window(9);
     let busy = ReportEntry {
         demand: 1_000,
         ..line(kw, 1_000)

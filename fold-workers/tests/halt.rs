@@ -4,20 +4,14 @@
 
 mod common;
 
-use bus_schemas::{FastPathOutcome, FastPathRequest, KeyWindow, NodeEpoch, NodeId, WindowId};
+use bus_schemas::{FastPathOutcome, FastPathRequest, NodeEpoch, NodeId};
 use common::{batch, line};
 
 #[test]
 fn a_report_showing_more_credit_out_than_the_allowance_halts_the_owner_silently() {
     let now = common::START;
     let mut owner = common::owner(4);
-    let window = |i| KeyWindow {
-        key: common::key(i),
-        window: WindowId {
-            length_ms: 60_000,
-            number: now.wall_ms / 60_000,
-        },
-    };
+    let window = common::minute_window;
     let (sound, broken) = (window(1), window(2));
     let busy = |kw| bus_schemas::ReportEntry {
         demand: 5_000,

@@ -8,24 +8,31 @@
 //! any report queued during the pause reaches its loop, and that pass drops the shard.
 //! It holds the outcome, not the order.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bus_schemas::{
     Envelope, GrantBatch, KeyId, KeyWindow, NodeEpoch, NodeId, OwnerEpoch, ReportBatch,
     ReportEntry, ShardId, WindowId, subjects,
 };
-use fold_workers::service::{LeaseConfig, lease_key};
+mod common;
+
+use common::workers::{holder, lease_store, spawn_fold_worker};
 use foldgate_tests::KillOnDrop;
 use foldgate_tests::nats::NatsServer;
 use futures::StreamExt;
 
 const LEASE_MS: u64 = 200;
 
-async fn holder(store: &async_nats::jetstream::kv::Store) -> Option<(String, u64)> {
-    let e = store.entry(lease_key(0)).await.ok()??;
-    (e.operation == async_nats::jetstream::kv::Operation::Put)
-        .then(|| (String::from_utf8_lossy(&e.value).into_owned(), e.revision))
+/// `kill SIGNAL pid`.
+fn signal(signal: &str, pid: &str) {
+    assert!(
+        Command::new("kill")
+            .args([signal, pid])
+            .status()
+            .unwrap()
+            .success()
+    );
 }
 
 fn wall_ms() -> u64 {
@@ -50,20 +57,17 @@ fn report(seq: u64) -> ReportBatch {
         sent_at_ms: now,
         owner_epoch_seen: OwnerEpoch(u64::MAX / 2),
         entries: vec![ReportEntry {
-            key_window: KeyWindow {
-                key,
-                window: WindowId {
-                    length_ms: 60_000,
-                    number: now / 60_000,
-                },
-            },
-            allowance: 1_000_000,
-            cumulative_spend: 0,
             demand: 1_000,
-            held_credit: 0,
-            applied_grant: 0,
-            returned: 0,
-            self_granted: 0,
+            ..common::line(
+                KeyWindow {
+                    key,
+                    window: WindowId {
+                        length_ms: 60_000,
+                        number: now / 60_000,
+                    },
+                },
+                1_000_000,
+            )
         }],
     }
 }
@@ -72,31 +76,13 @@ fn report(seq: u64) -> ReportBatch {
 async fn a_paused_owner_sends_nothing_under_the_epoch_it_lost() {
     let server = NatsServer::start();
     let workers: Vec<KillOnDrop> = (0..2)
-        .map(|w| {
-            KillOnDrop(
-                Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
-                    .args(["--nats", &server.url(), "--name", &format!("w{w}")])
-                    .args(["--shards", "1", "--fleet", "1"])
-                    .args(["--lease-ms", &LEASE_MS.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("foldgate-fold"),
-            )
-        })
+        .map(|w| spawn_fold_worker(&server.url(), &format!("w{w}"), 1, LEASE_MS))
         .collect();
     let client = async_nats::connect(server.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client.clone());
+    let store = lease_store(client.clone()).await;
     let by = Instant::now() + Duration::from_secs(10);
-    let store = loop {
-        if let Ok(s) = js.get_key_value(LeaseConfig::reference().bucket).await {
-            break s;
-        }
-        assert!(Instant::now() < by, "no worker created the lease bucket");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
     let (victim, old_epoch) = loop {
-        if let Some(h) = holder(&store).await {
+        if let Some(h) = holder(&store, 0).await {
             break h;
         }
         assert!(Instant::now() < by, "shard 0 found no owner");
@@ -119,18 +105,12 @@ async fn a_paused_owner_sends_nothing_under_the_epoch_it_lost() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = workers[victim_index].0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal("-STOP", &pid);
     // Past its lease, and long enough for the other worker to take the shard.
     let taken_by = Instant::now() + Duration::from_secs(5);
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        if let Some((who, rev)) = holder(&store).await
+        if let Some((who, rev)) = holder(&store, 0).await
             && who != victim
         {
             assert!(rev > old_epoch);
@@ -146,13 +126,7 @@ async fn a_paused_owner_sends_nothing_under_the_epoch_it_lost() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let drained_by = tokio::time::Instant::now() + Duration::from_millis(100);
     while let Ok(Some(_)) = tokio::time::timeout_at(drained_by, grants.next()).await {}
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal("-CONT", &pid);
     let mut stale = 0;
     let mut seen = 0;
     let until = tokio::time::Instant::now() + Duration::from_millis(600);

@@ -2,12 +2,13 @@
 //! real nats-server; the owner of shard 0 is killed with SIGKILL mid-run. Ownership must
 //! move to another worker, with a higher epoch, and the fleet must stay within A1's 2%.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fold_workers::service::{LeaseConfig, lease_key};
+mod common;
+
+use common::workers::{holder, lease_store, spawn_fold_worker};
 use foldgate_tests::KillOnDrop;
 use foldgate_tests::nats::{NatsServer, drill_plan, drive_pinned, start_nodes, system_clock};
 
@@ -15,44 +16,21 @@ const NODES: u32 = 5;
 const WORKERS: usize = 3;
 const LEASE_MS: u64 = 100;
 
-async fn holder(store: &async_nats::jetstream::kv::Store, shard: u32) -> Option<(String, u64)> {
-    let e = store.entry(lease_key(shard)).await.ok()??;
-    (e.operation == async_nats::jetstream::kv::Operation::Put)
-        .then(|| (String::from_utf8_lossy(&e.value).into_owned(), e.revision))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_nine_of_an_owner_moves_its_shards_and_stays_within_two_percent() {
     let server = NatsServer::start();
     let mut workers: Vec<Option<KillOnDrop>> = (0..WORKERS)
         .map(|w| {
-            Some(KillOnDrop(
-                Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
-                    .args(["--nats", &server.url(), "--name", &format!("w{w}")])
-                    .args([
-                        "--shards",
-                        &NODES.to_string(),
-                        "--fleet",
-                        &NODES.to_string(),
-                    ])
-                    .args(["--lease-ms", &LEASE_MS.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("foldgate-fold"),
+            Some(spawn_fold_worker(
+                &server.url(),
+                &format!("w{w}"),
+                NODES,
+                LEASE_MS,
             ))
         })
         .collect();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let js = async_nats::jetstream::new(client);
+    let store = lease_store(async_nats::connect(server.url()).await.unwrap()).await;
     let up_by = Instant::now() + Duration::from_secs(10);
-    let store = loop {
-        if let Ok(s) = js.get_key_value(LeaseConfig::reference().bucket).await {
-            break s;
-        }
-        assert!(Instant::now() < up_by, "no worker created the lease bucket");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
     loop {
         let mut all = true;
         for s in 0..NODES {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use bus_schemas::{KeyWindow, ReportEntry, WindowId};
+use bus_schemas::{KeyWindow, ReportEntry};
 use common::{batch, line};
 use fold_workers::FoldOwner;
 
@@ -26,13 +26,7 @@ fn grants_to(owner: &mut FoldOwner, node: u32, kw: KeyWindow) -> u64 {
 fn a_lower_allowance_mid_window_bounds_the_rest_of_it_without_halting_the_owner() {
     let now = common::START;
     let mut owner = common::owner(4);
-    let window = |i| KeyWindow {
-        key: common::key(i),
-        window: WindowId {
-            length_ms: 60_000,
-            number: now.wall_ms / 60_000,
-        },
-    };
+    let window = common::minute_window;
     let (busy, other) = (window(1), window(2));
     // Node 0, on the old policy (1,000 a window), is granted plenty.
     let demand = |kw, allowance, demand| ReportEntry {

@@ -35,6 +35,27 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// A `foldgate-node` config in `dir/node.toml`: listening on `port` and `admin`, proxying
+/// to `up`, with the test hash key, then `extra` settings and `policy`.
+fn write_node_config(
+    dir: &Path,
+    (port, admin): (u16, u16),
+    up: impl std::fmt::Display,
+    extra: &str,
+    policy: &str,
+) -> PathBuf {
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "server.listen = \"127.0.0.1:{port}\"\nserver.admin_listen = \"127.0.0.1:{admin}\"\n\
+             upstream.urls = [\"http://{up}\"]\nhash_key_hex = \"{HASH_KEY_HEX}\"\n{extra}\n{policy}"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
 fn spawn(bin: &str, config: &Path, log: Option<&Path>) -> Proc {
     let stderr = match log {
         Some(p) => Stdio::from(
@@ -90,17 +111,13 @@ async fn the_edge_keeps_capping_while_the_node_crash_loops() {
     let dir = temp_dir("edge-drill");
     let (up, _up_stop) = start_upstream(0).await;
     let (node_port, node_admin) = (free_port(), free_port());
-    let node_cfg = dir.join("node.toml");
-    std::fs::write(
-        &node_cfg,
-        format!(
-            "server.listen = \"127.0.0.1:{node_port}\"\nserver.admin_listen = \"127.0.0.1:{node_admin}\"\n\
-             upstream.urls = [\"http://{up}\"]\nhash_key_hex = \"{HASH_KEY_HEX}\"\nlimiter_enabled = false\n\
-             log_level = \"warn\"\n{}",
-            policy(3, &[(1_000, 1_000), (60_000, 60_000)])
-        ),
-    )
-    .unwrap();
+    let node_cfg = write_node_config(
+        &dir,
+        (node_port, node_admin),
+        up,
+        "limiter_enabled = false\nlog_level = \"warn\"",
+        &policy(3, &[(1_000, 1_000), (60_000, 60_000)]),
+    );
     let (edge_port, edge_admin) = (free_port(), free_port());
     let edge_cfg = dir.join("edge.toml");
     std::fs::write(
@@ -217,18 +234,14 @@ async fn no_raw_key_in_logs_or_metrics_after_a_load_run() {
     let dir = temp_dir("key-scan");
     let (up, _up_stop) = start_upstream(0).await;
     let (port, admin) = (free_port(), free_port());
-    let cfg = dir.join("node.toml");
     // Keys 0..8 are known (and limited to 20/s); the load also uses 9..11, unknown.
-    std::fs::write(
-        &cfg,
-        format!(
-            "server.listen = \"127.0.0.1:{port}\"\nserver.admin_listen = \"127.0.0.1:{admin}\"\n\
-             upstream.urls = [\"http://{up}\"]\nhash_key_hex = \"{HASH_KEY_HEX}\"\n\
-             log_level = \"debug\"\n{}",
-            policy(9, &[(1_000, 20), (60_000, 600)])
-        ),
-    )
-    .unwrap();
+    let cfg = write_node_config(
+        &dir,
+        (port, admin),
+        up,
+        "log_level = \"debug\"",
+        &policy(9, &[(1_000, 20), (60_000, 600)]),
+    );
     let log = dir.join("node.log");
     let node = spawn(env!("CARGO_BIN_EXE_foldgate-node"), &cfg, Some(&log));
     wait_ready(admin).await;
@@ -333,17 +346,13 @@ async fn sigterm_drains_the_requests_in_flight() {
     let dir = temp_dir("sigterm");
     let (up, _up_stop) = start_upstream(500).await;
     let (port, admin) = (free_port(), free_port());
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "server.listen = \"127.0.0.1:{port}\"\nserver.admin_listen = \"127.0.0.1:{admin}\"\n\
-             server.drain_ms = 3000\nupstream.urls = [\"http://{up}\"]\n\
-             hash_key_hex = \"{HASH_KEY_HEX}\"\n{}",
-            policy(1, &[(1_000, 20), (60_000, 600)])
-        ),
-    )
-    .unwrap();
+    let cfg = write_node_config(
+        &dir,
+        (port, admin),
+        up,
+        "server.drain_ms = 3000",
+        &policy(1, &[(1_000, 20), (60_000, 600)]),
+    );
     let mut node = spawn(env!("CARGO_BIN_EXE_foldgate-node"), &cfg, None);
     wait_ready(admin).await;
     let request = tokio::spawn(async move {

@@ -273,6 +273,25 @@ pub fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
 }
 
 /// A listener on a free loopback port.
+/// Serves `gateway` on two fresh loopback ports, API and admin, until `stop` turns true;
+/// returns their addresses.
+pub async fn serve_on_loopback<G: gateway_node::http::server::Gateway>(
+    gateway: Arc<G>,
+    limits: ServerLimits,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<(SocketAddr, SocketAddr)> {
+    let (listener, addr) = loopback().await?;
+    let (admin_listener, admin) = loopback().await?;
+    tokio::spawn(gateway_node::http::server::run(
+        gateway,
+        limits,
+        listener,
+        admin_listener,
+        stop,
+    ));
+    Ok((addr, admin))
+}
+
 pub async fn loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let a = l.local_addr()?;
@@ -318,15 +337,7 @@ pub async fn run_demo(
     let clock = system_clock();
     let runtime = Runtime::start(&settings, Arc::clone(&clock), stop.clone()).await?;
     let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);
-    let (listener, addr) = loopback().await?;
-    let (admin, _) = loopback().await?;
-    tokio::spawn(gateway_node::http::server::run(
-        gateway,
-        settings.server.limits(),
-        listener,
-        admin,
-        stop,
-    ));
+    let (addr, _) = serve_on_loopback(gateway, settings.server.limits(), stop).await?;
 
     let client = plain_client();
     let url = format!("http://{addr}/hello");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use gateway_node::http::auth::KeyHasher;
 use gateway_node::http::node::{NodeGateway, NodeSettings, Runtime, system_clock};
-use ops::http_tools::{bench_key, bench_policy_toml, loopback, run_upstream};
+use ops::http_tools::{bench_key, bench_policy_toml, loopback, run_upstream, serve_on_loopback};
 use tokio::sync::watch;
 
 /// The tests' hash key (hex). Test-only: a deployment reads its own from `hash_key_file`.
@@ -72,15 +72,9 @@ pub async fn start_gateway(upstream: SocketAddr, extra: &str, policy: &str) -> T
         .await
         .expect("runtime starts");
     let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock).expect("gateway"));
-    let (listener, addr) = loopback().await.expect("bind");
-    let (admin_listener, admin) = loopback().await.expect("bind admin");
-    tokio::spawn(gateway_node::http::server::run(
-        Arc::clone(&gateway),
-        settings.server.limits(),
-        listener,
-        admin_listener,
-        stop,
-    ));
+    let (addr, admin) = serve_on_loopback(Arc::clone(&gateway), settings.server.limits(), stop)
+        .await
+        .expect("bind");
     TestGateway {
         addr,
         admin,

@@ -532,15 +532,9 @@ async fn a_header_named_by_connection_cannot_hide_the_key_from_the_edge_floor() 
     };
     let edge = Arc::new(EdgeGuard::new(&settings).unwrap());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let (listener, addr) = ops::http_tools::loopback().await.unwrap();
-    let (admin, _) = ops::http_tools::loopback().await.unwrap();
-    tokio::spawn(gateway_node::http::server::run(
-        edge,
-        settings.server.limits(),
-        listener,
-        admin,
-        stop,
-    ));
+    let (addr, _) = ops::http_tools::serve_on_loopback(edge, settings.server.limits(), stop)
+        .await
+        .unwrap();
     // Three in a row: a second's boundary can fall between two of them, not twice.
     let mut statuses = Vec::new();
     for _ in 0..3 {

@@ -8,9 +8,11 @@ use std::time::Duration;
 use bus_schemas::{KeyId, NodeEpoch, NodeId, OwnerEpoch, ShardId, WindowSpec};
 use fold_workers::OwnerConfig;
 use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
-use foldgate_tests::nats::{NatsServer, drill_plan, drive_pinned, start_nodes, system_clock};
+use foldgate_tests::nats::{
+    NatsServer, drill_plan, drive_pinned, start_nodes, start_nodes_with, system_clock,
+};
 use gateway_node::bus::{Clock, NodeBus};
-use gateway_node::{DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
+use gateway_node::{KeyPolicy, NodeConfig};
 
 const NODES: u32 = 5;
 const WORKERS: u32 = 3;
@@ -123,6 +125,22 @@ async fn five_nodes_and_three_fold_workers_on_real_nats_admit_to_the_limit() {
     drop(server);
 }
 
+/// Node 0 of a fleet of one node and one shard on `url` (`start_nodes_with`), its
+/// configuration `tweak`ed, given 200 ms to hear from its owner; and a client of its own.
+async fn one_node(
+    url: &str,
+    clock: &Clock,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    tweak: impl Fn(&mut NodeConfig),
+) -> (NodeBus, async_nats::Client) {
+    let node = start_nodes_with(url, 1, clock, stop, tweak)
+        .await
+        .pop()
+        .expect("one node");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (node, async_nats::connect(url).await.unwrap())
+}
+
 /// Bad envelopes on the grant inbox and the report subject, on real NATS: each is counted
 /// by reason, and nothing of it is applied (B2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,27 +160,15 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
     let policy = KeyPolicy::new(&windows, 25).unwrap();
     let stats = Arc::new(FoldWorkerStats::default());
     let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
-    let limiter = NodeLimiter::new(
-        NodeConfig {
-            fleet_size: 1,
-            shards: 1,
-            // Keep idle credit, so the held figure below only moves if a bad envelope
-            // were applied.
-            idle_return_rounds: u32::MAX,
-            idle_return_rounds_thin: u32::MAX,
-            idle_return_rounds_min: u32::MAX,
-            rest_return: false,
-            ..NodeConfig::reference(NodeId(0))
-        },
-        Arc::new(DecisionSurface::new(SurfaceConfig::default())),
-        NodeEpoch(1),
-        clock(),
-    );
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let node = NodeBus::start(client.clone(), limiter, Arc::clone(&clock), stop.clone())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (node, client) = one_node(&server.url(), &clock, &stop, |c| {
+        // Keep idle credit, so the held figure below only moves if a bad envelope were
+        // applied.
+        c.idle_return_rounds = u32::MAX;
+        c.idle_return_rounds_thin = u32::MAX;
+        c.idle_return_rounds_min = u32::MAX;
+        c.rest_return = false;
+    })
+    .await;
     let key = KeyId {
         version: 1,
         digest: 0xfeed_beef_u128 << 64 | 7,
@@ -623,23 +629,7 @@ async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_limiter() {
     let policy = KeyPolicy::new(&windows, 25).unwrap();
     let stats = Arc::new(FoldWorkerStats::default());
     let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
-    let limiter = NodeLimiter::new(
-        NodeConfig {
-            fleet_size: 1,
-            shards: 1,
-            ..NodeConfig::reference(NodeId(0))
-        },
-        Arc::new(DecisionSurface::new(SurfaceConfig::default())),
-        NodeEpoch(1),
-        clock(),
-    );
-    let client = async_nats::connect(server.url()).await.unwrap();
-    let node = Arc::new(
-        NodeBus::start(client, limiter, Arc::clone(&clock), stop.clone())
-            .await
-            .unwrap(),
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let node = Arc::new(one_node(&server.url(), &clock, &stop, |_| {}).await.0);
     let held = Arc::clone(&node);
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let holder = tokio::task::spawn_blocking(move || {

@@ -2,8 +2,11 @@
 //! number, and report lines and batches with everything not under test at zero.
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod workers;
+
 use bus_schemas::{
     KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
+    WindowId,
 };
 use fold_workers::{FoldOwner, OwnerConfig};
 
@@ -30,6 +33,17 @@ pub fn key(i: u128) -> KeyId {
     KeyId {
         version: 1,
         digest: i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
+    }
+}
+
+/// Key `i`'s 60 s window open at `START`, whatever the key's phase.
+pub fn minute_window(i: u128) -> KeyWindow {
+    KeyWindow {
+        key: key(i),
+        window: WindowId {
+            length_ms: 60_000,
+            number: START.wall_ms / 60_000,
+        },
     }
 }
 
