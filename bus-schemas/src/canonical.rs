@@ -306,22 +306,22 @@ fn report_entry(buf: &[u8]) -> Option<RawReportEntry<'_>> {
     Some(e)
 }
 
-/// A report batch's fields as prost would read them: the scalars by field number (1-7)
-/// and the entries (field 8).
+/// A report batch's fields as prost would read them: the scalars by field number (1-7,
+/// 9-10; slot 8 unused) and the entries (field 8).
 pub(crate) struct RawReportBatch<'a> {
-    pub scalars: [u64; 8],
+    pub scalars: [u64; 11],
     pub entries: Vec<RawReportEntry<'a>>,
 }
 
 pub(crate) fn report_batch(buf: &[u8]) -> Option<RawReportBatch<'_>> {
     let mut b = RawReportBatch {
-        scalars: [0; 8],
+        scalars: [0; 11],
         entries: Vec::new(),
     };
     fields(buf, 8, |f, wt, r| {
         match f {
-            // schema_version, node and shard are uint32.
-            1 | 2 | 5 => b.scalars[f as usize] = u64::from(scalar_u32(wt, r)?),
+            // schema_version, node, shard and the full-report pair are uint32.
+            1 | 2 | 5 | 9 | 10 => b.scalars[f as usize] = u64::from(scalar_u32(wt, r)?),
             3 | 4 | 6 | 7 => b.scalars[f as usize] = scalar(wt, r)?,
             8 => b.entries.push(report_entry(embedded(wt, r)?)?),
             _ => return None,
@@ -357,15 +357,16 @@ fn grant_entry(buf: &[u8]) -> Option<RawGrantEntry<'_>> {
     Some(e)
 }
 
-/// A grant batch's scalars by field number (1-4) and its entries (field 5).
+/// A grant batch's scalars by field number (1-4, 6; slot 5 unused) and its entries
+/// (field 5).
 pub(crate) struct RawGrantBatch<'a> {
-    pub scalars: [u64; 5],
+    pub scalars: [u64; 7],
     pub entries: Vec<RawGrantEntry<'a>>,
 }
 
 pub(crate) fn grant_batch(buf: &[u8]) -> Option<RawGrantBatch<'_>> {
     let mut b = RawGrantBatch {
-        scalars: [0; 5],
+        scalars: [0; 7],
         entries: Vec::new(),
     };
     fields(buf, 5, |f, wt, r| {
@@ -374,6 +375,7 @@ pub(crate) fn grant_batch(buf: &[u8]) -> Option<RawGrantBatch<'_>> {
             1 | 3 | 4 => b.scalars[f as usize] = u64::from(scalar_u32(wt, r)?),
             2 => b.scalars[f as usize] = scalar(wt, r)?,
             5 => b.entries.push(grant_entry(embedded(wt, r)?)?),
+            6 => b.scalars[f as usize] = scalar(wt, r)?,
             _ => return None,
         }
         Some(())

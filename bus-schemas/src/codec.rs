@@ -337,17 +337,21 @@ impl Envelope for ReportBatch {
             (6, self.sent_at_ms),
             (7, self.owner_epoch_seen.0),
         ];
+        let full = self.full_report.map_or((0, 0), |c| (c.count, c.index));
+        let trailer = [(9, u64::from(full.0)), (10, u64::from(full.1))];
         let len = canonical::header_len(&header)
             + self
                 .entries
                 .iter()
                 .map(|e| canonical::report_entry_len(8, e))
-                .sum::<usize>();
+                .sum::<usize>()
+            + canonical::header_len(&trailer);
         let mut out = Vec::with_capacity(len);
         canonical::put_header(&mut out, &header);
         for e in &self.entries {
             canonical::put_report_entry(&mut out, 8, e);
         }
+        canonical::put_header(&mut out, &trailer);
         debug_assert_eq!(out.len(), len);
         out
     }
@@ -365,9 +369,12 @@ impl Envelope for ReportBatch {
                 shard,
                 sent_at_ms,
                 owner_epoch_seen,
+                _,
+                full_chunks,
+                full_index,
             ] = raw.scalars;
             return report_batch_of(
-                [version_got, node, shard].map(|v| v as u32),
+                [version_got, node, shard, full_chunks, full_index].map(|v| v as u32),
                 [node_epoch, seq, sent_at_ms, owner_epoch_seen],
                 &raw.entries,
             );
@@ -382,7 +389,13 @@ fn report_batch_via_prost(bytes: &[u8]) -> Result<ReportBatch, DecodeError> {
     let m: wire::ReportBatch = parse(ReportBatch::KIND, ReportBatch::MAX_BYTES, bytes)?;
     let entries: Vec<RawReportEntry<'_>> = m.entries.iter().map(RawReportEntry::of).collect();
     report_batch_of(
-        [m.schema_version, m.node, m.shard],
+        [
+            m.schema_version,
+            m.node,
+            m.shard,
+            m.full_report_chunks,
+            m.full_report_index,
+        ],
         [m.node_epoch, m.seq, m.sent_at_ms, m.owner_epoch_seen],
         &entries,
     )
@@ -391,12 +404,28 @@ fn report_batch_via_prost(bytes: &[u8]) -> Result<ReportBatch, DecodeError> {
 /// Validation of a report batch read by either path, in the order the checks are
 /// documented: schema version, entries, node epoch.
 fn report_batch_of(
-    [schema_version, node, shard]: [u32; 3],
+    [schema_version, node, shard, full_chunks, full_index]: [u32; 5],
     [node_epoch, seq, sent_at_ms, owner_epoch_seen]: [u64; 4],
     raw_entries: &[RawReportEntry<'_>],
 ) -> Result<ReportBatch, DecodeError> {
     let k = ReportBatch::KIND;
     version(k, schema_version)?;
+    let full_report = match (full_chunks, full_index) {
+        (0, 0) => None,
+        (0, _) => {
+            return Err(invalid(k, "full_report_index", "set on a partial report"));
+        }
+        (count, index) if count <= FULL_REPORT_CHUNKS_MAX && index < count => {
+            Some(FullReportChunk { index, count })
+        }
+        _ => {
+            return Err(invalid(
+                k,
+                "full_report_chunks",
+                "more than the most chunks, or an index past them",
+            ));
+        }
+    };
     let entries = unique_entries(
         k,
         raw_entries,
@@ -413,6 +442,7 @@ fn report_batch_of(
         sent_at_ms,
         owner_epoch_seen: OwnerEpoch(owner_epoch_seen),
         entries,
+        full_report,
     })
 }
 
@@ -458,17 +488,20 @@ impl Envelope for GrantBatch {
             (3, u64::from(self.shard.0)),
             (4, u64::from(self.node.0)),
         ];
+        let trailer = [(6, self.full_report_taken.map_or(0, |e| e.0))];
         let len = canonical::header_len(&header)
             + self
                 .entries
                 .iter()
                 .map(|e| canonical::grant_entry_len(5, e))
-                .sum::<usize>();
+                .sum::<usize>()
+            + canonical::header_len(&trailer);
         let mut out = Vec::with_capacity(len);
         canonical::put_header(&mut out, &header);
         for e in &self.entries {
             canonical::put_grant_entry(&mut out, 5, e);
         }
+        canonical::put_header(&mut out, &trailer);
         debug_assert_eq!(out.len(), len);
         out
     }
@@ -477,10 +510,11 @@ impl Envelope for GrantBatch {
         if bytes.len() <= Self::MAX_BYTES
             && let Some(raw) = canonical::grant_batch(bytes)
         {
-            let [_, version_got, owner_epoch, shard, node] = raw.scalars;
+            let [_, version_got, owner_epoch, shard, node, _, taken] = raw.scalars;
             return grant_batch_of(
                 [version_got, shard, node].map(|v| v as u32),
                 owner_epoch,
+                taken,
                 &raw.entries,
             );
         }
@@ -491,12 +525,18 @@ impl Envelope for GrantBatch {
 fn grant_batch_via_prost(bytes: &[u8]) -> Result<GrantBatch, DecodeError> {
     let m: wire::GrantBatch = parse(GrantBatch::KIND, GrantBatch::MAX_BYTES, bytes)?;
     let entries: Vec<RawGrantEntry<'_>> = m.entries.iter().map(wire_grant).collect();
-    grant_batch_of([m.schema_version, m.shard, m.node], m.owner_epoch, &entries)
+    grant_batch_of(
+        [m.schema_version, m.shard, m.node],
+        m.owner_epoch,
+        m.full_report_taken,
+        &entries,
+    )
 }
 
 fn grant_batch_of(
     [schema_version, shard, node]: [u32; 3],
     owner_epoch: u64,
+    full_report_taken: u64,
     raw_entries: &[RawGrantEntry<'_>],
 ) -> Result<GrantBatch, DecodeError> {
     let k = GrantBatch::KIND;
@@ -514,6 +554,7 @@ fn grant_batch_of(
         shard: ShardId(shard),
         node: NodeId(node),
         entries,
+        full_report_taken: (full_report_taken != 0).then_some(NodeEpoch(full_report_taken)),
     })
 }
 
@@ -780,6 +821,8 @@ mod tests {
             sent_at_ms: b.sent_at_ms,
             owner_epoch_seen: b.owner_epoch_seen.0,
             entries: b.entries.iter().map(wire_report_entry).collect(),
+            full_report_chunks: b.full_report.map_or(0, |c| c.count),
+            full_report_index: b.full_report.map_or(0, |c| c.index),
         }
         .encode_to_vec()
     }
@@ -791,6 +834,7 @@ mod tests {
             shard: b.shard.0,
             node: b.node.0,
             entries: b.entries.iter().map(wire_grant_entry).collect(),
+            full_report_taken: b.full_report_taken.map_or(0, |e| e.0),
         }
         .encode_to_vec()
     }
@@ -825,11 +869,19 @@ mod tests {
                 returned: v[5],
                 self_granted: v[6],
             });
+        // Out-of-range chunk pairs too: they encode, and both readers must refuse them.
+        let full = prop_oneof![
+            Just(None),
+            (0u32..3, 1u32..4).prop_map(|(index, count)| Some(FullReportChunk { index, count })),
+            (any::<u32>(), any::<u32>())
+                .prop_map(|(index, count)| Some(FullReportChunk { index, count })),
+        ];
         (
             proptest::array::uniform6(num()),
             proptest::collection::vec(entry, 0..6),
+            full,
         )
-            .prop_map(|(h, entries)| ReportBatch {
+            .prop_map(|(h, entries, full_report)| ReportBatch {
                 node: NodeId(h[0] as u32),
                 node_epoch: NodeEpoch(h[1]),
                 seq: h[2],
@@ -837,6 +889,7 @@ mod tests {
                 sent_at_ms: h[4],
                 owner_epoch_seen: OwnerEpoch(h[5]),
                 entries,
+                full_report,
             })
     }
 
@@ -850,14 +903,22 @@ mod tests {
                 exhausted,
             },
         );
-        (num(), num(), num(), proptest::collection::vec(entry, 0..6)).prop_map(
-            |(epoch, shard, node, entries)| GrantBatch {
-                owner_epoch: OwnerEpoch(epoch),
-                shard: ShardId(shard as u32),
-                node: NodeId(node as u32),
-                entries,
-            },
+        (
+            num(),
+            num(),
+            num(),
+            proptest::collection::vec(entry, 0..6),
+            prop_oneof![Just(None), num().prop_map(|e| Some(NodeEpoch(e)))],
         )
+            .prop_map(
+                |(epoch, shard, node, entries, full_report_taken)| GrantBatch {
+                    owner_epoch: OwnerEpoch(epoch),
+                    shard: ShardId(shard as u32),
+                    node: NodeId(node as u32),
+                    entries,
+                    full_report_taken,
+                },
+            )
     }
 
     /// Damage to canonical bytes: a byte changed, bytes cut, a byte inserted.
@@ -957,6 +1018,7 @@ mod tests {
                 credit_total: 4,
                 exhausted: true,
             }],
+            full_report_taken: None,
         };
         let mut bytes = g.encode();
         assert_eq!(bytes[bytes.len() - 2..], [0x28, 0x01]);
@@ -965,5 +1027,38 @@ mod tests {
         let decoded = GrantBatch::decode(&bytes).expect("valid");
         assert!(decoded.entries[0].exhausted);
         assert!(same(Ok(decoded), grant_batch_via_prost(&bytes)));
+    }
+
+    #[test]
+    fn a_full_report_chunk_is_refused_out_of_range_on_both_paths() {
+        let r = ReportBatch {
+            node: NodeId(1),
+            node_epoch: NodeEpoch(1),
+            seq: 4,
+            shard: ShardId(0),
+            sent_at_ms: 1,
+            owner_epoch_seen: OwnerEpoch(2),
+            entries: Vec::new(),
+            full_report: Some(FullReportChunk { index: 2, count: 3 }),
+        };
+        let ok = ReportBatch::decode(&r.encode()).expect("in range");
+        assert_eq!(ok.full_report, r.full_report);
+        for (index, count, field) in [
+            (3, 3, "full_report_chunks"),
+            (0, FULL_REPORT_CHUNKS_MAX + 1, "full_report_chunks"),
+            (1, 0, "full_report_index"),
+        ] {
+            let bad = ReportBatch {
+                full_report: Some(FullReportChunk { index, count }),
+                ..r.clone()
+            };
+            let bytes = bad.encode();
+            let got = ReportBatch::decode(&bytes);
+            assert!(
+                matches!(got, Err(DecodeError::Invalid { field: f, .. }) if f == field),
+                "{index}/{count}: {got:?}"
+            );
+            assert!(same(got, report_batch_via_prost(&bytes)));
+        }
     }
 }

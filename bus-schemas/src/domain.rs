@@ -14,6 +14,10 @@ pub const MIN_ACCEPTED_SCHEMA_VERSION: u32 = 1;
 pub mod limits {
     /// Key-window entries in one report batch (one node, one shard, one round).
     pub const REPORT_ENTRIES_MAX: usize = 16_384;
+    /// Batches one full report of a shard may span (`FullReportChunk`): with
+    /// `REPORT_ENTRIES_MAX` lines each, over a million lines, past any node's records
+    /// cap; and the owner gathers the chunks of one in a 64-bit mask.
+    pub const FULL_REPORT_CHUNKS_MAX: u32 = 64;
     /// Grant entries in one grant batch.
     pub const GRANT_ENTRIES_MAX: usize = 16_384;
     /// Windows in one plan; the decision surface has this many slots per key.
@@ -185,9 +189,24 @@ pub struct ReportBatch {
     pub shard: ShardId,
     /// Sender's wall clock at send time, for fold-age metrics only.
     pub sent_at_ms: u64,
-    /// Highest owner epoch this node accepts for the shard: the owner's fence acknowledgement.
+    /// Highest owner epoch this node accepts for the shard. It acknowledges that epoch
+    /// (the takeover fence, C8) only in a full report.
     pub owner_epoch_seen: OwnerEpoch,
     pub entries: Vec<ReportEntry>,
+    /// Set when this batch is part of a full report of the shard.
+    pub full_report: Option<FullReportChunk>,
+}
+
+/// One of the `count` batches, all with the same `seq`, that together report every line
+/// a node epoch holds for a shard. A new owner takes a node's acknowledgement of its epoch
+/// only from a full report it has every chunk of: a partial report leaves out lines that
+/// had not changed, whose credit the owner would otherwise count as still in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FullReportChunk {
+    /// `0..count`.
+    pub index: u32,
+    /// `1..=FULL_REPORT_CHUNKS_MAX`.
+    pub count: u32,
 }
 
 /// Credit for one node epoch in one key-window. `credit_total` is cumulative over the
@@ -210,6 +229,9 @@ pub struct GrantBatch {
     pub shard: ShardId,
     pub node: NodeId,
     pub entries: Vec<GrantEntry>,
+    /// The node epoch whose full report this owner epoch has taken as its acknowledgement
+    /// (C8): that node epoch may stop re-sending full reports to it.
+    pub full_report_taken: Option<NodeEpoch>,
 }
 
 /// D5: a node short of credit asks the key-window's owner, once per round, 1 ms deadline.

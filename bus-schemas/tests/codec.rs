@@ -45,6 +45,7 @@ fn report() -> ReportBatch {
         sent_at_ms: 1_764_720_000_123,
         owner_epoch_seen: OwnerEpoch(2),
         entries: vec![entry(0), entry(1)],
+        full_report: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn grant() -> GrantBatch {
         shard: ShardId(5),
         node: NodeId(3),
         entries: vec![grant_entry()],
+        full_report_taken: None,
     }
 }
 

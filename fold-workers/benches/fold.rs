@@ -53,6 +53,7 @@ fn batches(now: Now, round: u64) -> Vec<Vec<u8>> {
                 seq: round,
                 shard: ShardId(0),
                 sent_at_ms: now.wall_ms,
+                full_report: None,
                 owner_epoch_seen: OwnerEpoch(1),
                 entries,
             }

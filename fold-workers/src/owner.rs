@@ -396,13 +396,25 @@ struct NodeSeen {
     last_round: u64,
 }
 
+/// A full report of one node epoch being gathered (`FoldOwner::take_full_report_chunk`).
+#[derive(Clone, Copy, Debug)]
+struct FullReportSeen {
+    epoch: NodeEpoch,
+    seq: u64,
+    count: u32,
+    chunks_mask: u64,
+}
+
 pub struct FoldOwner {
     config: OwnerConfig,
     epoch: OwnerEpoch,
     started_mono_ms: u64,
     takeover: bool,
-    /// Nodes whose reports acknowledge this owner epoch (the takeover fence).
-    acked: std::collections::BTreeSet<NodeId>,
+    /// Nodes that have acknowledged this owner epoch (the takeover fence), each with the
+    /// node epoch whose full report carried it (`take_full_report_chunk`).
+    acked: std::collections::BTreeMap<NodeId, NodeEpoch>,
+    /// Per node, the full report being gathered; at most one per fleet node.
+    full_reports: DetMap<NodeId, FullReportSeen>,
     ledgers: DetMap<KeyWindow, Ledger>,
     /// Every ledger by the time it is reaped (C7), soonest first: one entry per ledger
     /// (a ledger is made once and only reaping removes it), so at most `ledgers_cap`.
@@ -435,6 +447,7 @@ impl FoldOwner {
             started_mono_ms: now.mono_ms,
             takeover,
             acked: Default::default(),
+            full_reports: DetMap::default(),
             ledgers: DetMap::default(),
             reap_queue: Default::default(),
             nodes: DetMap::default(),
@@ -497,7 +510,66 @@ impl FoldOwner {
             .config
             .takeover_ack_timeout_ms
             .is_some_and(|t| now.mono_ms >= self.started_mono_ms + t);
-        !(all_acked || gave_up && self.acked.contains(&node))
+        !(all_acked || gave_up && self.acked.contains_key(&node))
+    }
+
+    /// C8: one batch of a report. A node's acknowledgement of this epoch counts once
+    /// every chunk of one of its full reports is in, each saying it accepts this epoch.
+    /// Not from a partial report: that leaves out lines that had not changed, whose
+    /// credit this owner would count as still in the pool, and a lost chunk of a full
+    /// report would too (the bus is at most once, and a takeover follows an outage).
+    fn take_full_report_chunk(&mut self, batch: &ReportBatch) {
+        let Some(chunk) = batch.full_report else {
+            return;
+        };
+        if batch.owner_epoch_seen < self.epoch
+            || self.acked.get(&batch.node) == Some(&batch.node_epoch)
+        {
+            return;
+        }
+        let seen = self
+            .full_reports
+            .entry(batch.node)
+            .or_insert(FullReportSeen {
+                epoch: batch.node_epoch,
+                seq: batch.seq,
+                count: chunk.count,
+                chunks_mask: 0,
+            });
+        if (seen.epoch, seen.seq) != (batch.node_epoch, batch.seq) {
+            if seen.epoch == batch.node_epoch && batch.seq < seen.seq {
+                // A chunk of an older full report, reordered behind a newer one.
+                return;
+            }
+            *seen = FullReportSeen {
+                epoch: batch.node_epoch,
+                seq: batch.seq,
+                count: chunk.count,
+                chunks_mask: 0,
+            };
+        }
+        if chunk.count != seen.count {
+            // The chunks of one report agree on their count; one that does not is not
+            // part of it.
+            return;
+        }
+        // The codec keeps `index < count <= 64`.
+        seen.chunks_mask |= 1 << chunk.index;
+        if seen.chunks_mask.count_ones() == seen.count {
+            self.full_reports.remove(&batch.node);
+            self.acked.insert(batch.node, batch.node_epoch);
+        }
+    }
+
+    /// What a grant batch to `node` says of its full report (`GrantBatch::
+    /// full_report_taken`). An owner that took over waits for one (the fence); any other
+    /// needs none, and says so to the node epoch it last heard from.
+    fn full_report_taken(&self, node: NodeId) -> Option<NodeEpoch> {
+        if self.takeover {
+            self.acked.get(&node).copied()
+        } else {
+            self.nodes.get(&node).map(|n| n.last_epoch)
+        }
     }
 
     fn withheld(&self, node: NodeId, now: Now) -> bool {
@@ -669,9 +741,7 @@ impl FoldOwner {
         self.stats.batches += 1;
         self.stats.entries += batch.entries.len() as u64;
         self.see_node(batch.node, batch.node_epoch, batch.seq, now);
-        if batch.owner_epoch_seen >= self.epoch {
-            self.acked.insert(batch.node);
-        }
+        self.take_full_report_chunk(batch);
         for entry in &batch.entries {
             self.hot.record(entry.key_window.key, 1);
             self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
@@ -705,6 +775,7 @@ impl FoldOwner {
             shard: self.config.shard,
             node: batch.node,
             entries: grants,
+            full_report_taken: self.full_report_taken(batch.node),
         });
         // Credit this batch handed back reopens the windows of lines told exhausted now,
         // not a round later (`retry_exhausted_lines`).
@@ -1064,11 +1135,13 @@ impl FoldOwner {
     /// One grant batch per node, in the order the nodes first got an entry.
     fn send_batches(&mut self, per_node: PerNode) {
         for (node, entries) in per_node.0 {
+            let full_report_taken = self.full_report_taken(node);
             self.outbox.push_back(GrantBatch {
                 owner_epoch: self.epoch,
                 shard: self.config.shard,
                 node,
                 entries,
+                full_report_taken,
             });
         }
     }

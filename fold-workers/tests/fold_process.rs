@@ -81,6 +81,7 @@ fn report(
         seq,
         shard: ShardId(shard),
         sent_at_ms: now_ms,
+        full_report: Some(bus_schemas::FullReportChunk { index: 0, count: 1 }),
         owner_epoch_seen: owner_seen,
         entries,
     }

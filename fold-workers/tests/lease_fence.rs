@@ -55,6 +55,7 @@ fn report(seq: u64) -> ReportBatch {
         seq,
         shard: ShardId(0),
         sent_at_ms: now,
+        full_report: Some(bus_schemas::FullReportChunk { index: 0, count: 1 }),
         owner_epoch_seen: OwnerEpoch(u64::MAX / 2),
         entries: vec![ReportEntry {
             demand: 1_000,

@@ -11,10 +11,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bus_schemas::limits::{PLAN_WINDOWS_MAX, REPORT_ENTRIES_MAX};
+use bus_schemas::limits::{FULL_REPORT_CHUNKS_MAX, PLAN_WINDOWS_MAX, REPORT_ENTRIES_MAX};
 use bus_schemas::{
-    FastPathOutcome, FastPathReply, FastPathRequest, GrantBatch, GrantEntry, KeyId, KeyWindow,
-    NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId, WindowId,
+    FastPathOutcome, FastPathReply, FastPathRequest, FullReportChunk, GrantBatch, GrantEntry,
+    KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ReportBatch, ReportEntry, ShardId,
+    WindowId,
 };
 
 use crate::credit;
@@ -564,13 +565,25 @@ struct ShardLink {
     /// This node's round at that contact: a round missed is one this node reported in
     /// and heard nothing back for, not wall time alone (see `link_health`).
     last_contact_round: u64,
-    /// The owner epoch this node's reports acknowledge (C8 takeover fence). It trails
-    /// `owner_epoch_seen` until a report of *every* line of the shard has been queued: a
-    /// new owner rebuilds its ledger from reports, and a line that had not changed would
-    /// otherwise stay unreported for up to `refresh_rounds`, its credit unknown to it.
-    acked_epoch: OwnerEpoch,
-    full_report_due: bool,
+    /// C8 takeover fence: the owner of `owner_epoch_seen` has not yet answered that it
+    /// took a full report of the shard from this node epoch (`GrantBatch::
+    /// full_report_taken`). A new owner rebuilds its ledger from reports, and a line that
+    /// had not changed would otherwise stay unreported for up to `refresh_rounds`, its
+    /// credit unknown to it; so until the owner says so, a report of *every* line goes
+    /// out every `FULL_REPORT_RESEND_ROUNDS` rounds (a batch of it may be lost: the bus
+    /// is at most once, and a takeover follows an outage).
+    full_report_owed: bool,
+    /// The round the last full report for `owner_epoch_seen` went out (0: none yet).
+    full_report_round: u64,
+    /// This round's report of the shard is a full one.
+    full_report_now: bool,
 }
+
+/// Rounds between full reports to an owner that has not said it took one (`ShardLink::
+/// full_report_owed`): the answer to one is back within a round on a live bus, so a
+/// second is sent only past a lost batch, and an owner that never answers costs a full
+/// report every 200 ms at 25 ms rounds, not every round.
+const FULL_REPORT_RESEND_ROUNDS: u64 = 8;
 
 #[derive(Clone, Copy, Debug)]
 struct PendingFastPath {
@@ -691,14 +704,17 @@ impl NodeLimiter {
     ) -> Self {
         assert!(config.fleet_size > 0 && config.shards > 0 && config.round_ms > 0);
         assert!(config.reserve_permille < 1_000);
+        // Every line of a shard fits in the chunks a full report may span.
+        assert!(config.records_cap <= FULL_REPORT_CHUNKS_MAX as usize * REPORT_ENTRIES_MAX);
         assert!(epoch > NodeEpoch(0), "epoch 0 means none");
         let links = (0..config.shards)
             .map(|_| ShardLink {
                 owner_epoch_seen: OwnerEpoch(0),
                 last_contact_mono_ms: now.mono_ms,
                 last_contact_round: 0,
-                acked_epoch: OwnerEpoch(0),
-                full_report_due: false,
+                full_report_owed: false,
+                full_report_round: 0,
+                full_report_now: false,
             })
             .collect();
         surface.publish_round(0, now.wall_ms, now.wall_ms + u64::from(config.round_ms));
@@ -825,9 +841,17 @@ impl NodeLimiter {
         self.publish_health(now);
         let late = now.wall_ms.saturating_sub(self.last_tick_wall_ms) > self.round_step_ms();
         self.last_tick_wall_ms = now.wall_ms;
-        let all = std::mem::take(&mut self.visit_all)
-            || late
-            || self.links.iter().any(|l| l.full_report_due);
+        let mut full_report = false;
+        for link in &mut self.links {
+            link.full_report_now = link.full_report_owed
+                && (link.full_report_round == 0
+                    || self.round >= link.full_report_round + FULL_REPORT_RESEND_ROUNDS);
+            if link.full_report_now {
+                link.full_report_round = self.round;
+                full_report = true;
+            }
+        }
+        let all = std::mem::take(&mut self.visit_all) || late || full_report;
         let visit = self.keys_to_visit(all);
         self.stats.keys_visited += visit.len() as u64;
         // One pass, each key taken through every step at once with one bucket lookup:
@@ -1566,7 +1590,7 @@ impl NodeLimiter {
             };
             let closed = matches!(rec.place, Place::Closed { .. });
             let shard = rec.shard as usize;
-            let due = if links[shard].full_report_due {
+            let due = if links[shard].full_report_now {
                 true
             } else if closed {
                 rec.closed_reports_sent < config.closed_reports
@@ -1592,23 +1616,30 @@ impl NodeLimiter {
         for (shard, mut entries) in per_shard.into_iter().enumerate() {
             entries.sort_unstable_by_key(|e| e.key_window);
             let chunk_count = entries.len().div_ceil(REPORT_ENTRIES_MAX).max(1);
+            // `records_cap` keeps a full report within the chunks the wire allows (`new`).
+            assert!(chunk_count <= FULL_REPORT_CHUNKS_MAX as usize);
+            let full = self.links[shard].full_report_now;
             for i in 0..chunk_count {
-                if i + 1 == chunk_count && self.links[shard].full_report_due {
-                    // The last chunk of a full report carries the acknowledgement.
-                    let link = &mut self.links[shard];
-                    link.acked_epoch = link.owner_epoch_seen;
-                    link.full_report_due = false;
-                }
                 // The first chunk leaves, the rest stays: one batch (the usual case) moves
                 // its vector rather than copying it.
                 let rest = entries.split_off(entries.len().min(REPORT_ENTRIES_MAX));
                 let chunk = std::mem::replace(&mut entries, rest);
-                self.push_report(now, shard, chunk);
+                let full_report = full.then_some(FullReportChunk {
+                    index: i as u32,
+                    count: chunk_count as u32,
+                });
+                self.push_report(now, shard, chunk, full_report);
             }
         }
     }
 
-    fn push_report(&mut self, now: Now, shard: usize, entries: Vec<ReportEntry>) {
+    fn push_report(
+        &mut self,
+        now: Now,
+        shard: usize,
+        entries: Vec<ReportEntry>,
+        full_report: Option<FullReportChunk>,
+    ) {
         self.stats.reports_sent += 1;
         self.stats.report_entries_sent += entries.len() as u64;
         self.outbox.push_back(Transmit::Report(ReportBatch {
@@ -1617,8 +1648,9 @@ impl NodeLimiter {
             seq: self.round,
             shard: ShardId(shard as u32),
             sent_at_ms: now.wall_ms,
-            owner_epoch_seen: self.links[shard].acked_epoch,
+            owner_epoch_seen: self.links[shard].owner_epoch_seen,
             entries,
+            full_report,
         }));
     }
 
@@ -1922,7 +1954,8 @@ impl NodeLimiter {
             return false;
         }
         if epoch > link.owner_epoch_seen {
-            link.full_report_due = true;
+            link.full_report_owed = true;
+            link.full_report_round = 0;
         }
         link.owner_epoch_seen = epoch;
         link.last_contact_mono_ms = now.mono_ms;
@@ -1940,6 +1973,11 @@ impl NodeLimiter {
         }
         if !self.accept_owner_epoch(now, batch.shard, batch.owner_epoch) {
             return;
+        }
+        if batch.full_report_taken == Some(self.epoch) {
+            // From the owner epoch just accepted, about this node epoch's report: neither
+            // an older owner nor an answer to this node's previous life can clear it.
+            self.links[batch.shard.0 as usize].full_report_owed = false;
         }
         for entry in &batch.entries {
             if entry.key_window.shard(self.config.shards) != batch.shard {

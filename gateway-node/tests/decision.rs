@@ -347,6 +347,7 @@ fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
         window: window_at(k0, 60_000, T0.wall_ms),
     };
     let grant = GrantBatch {
+        full_report_taken: None,
         owner_epoch: OwnerEpoch(1),
         shard: bus_schemas::ShardId(0),
         node: node.node(),
@@ -371,6 +372,7 @@ fn eviction_takes_only_zero_credit_buckets_and_keeps_spend() {
         window: window_at(k1, 60_000, T0.wall_ms),
     };
     let grant1 = GrantBatch {
+        full_report_taken: None,
         entries: vec![GrantEntry {
             key_window: kw1,
             node_epoch: node.epoch(),
@@ -530,6 +532,7 @@ fn grant_at_t0(
         })
         .collect();
     let batch = GrantBatch {
+        full_report_taken: None,
         owner_epoch: OwnerEpoch(1),
         shard: bus_schemas::ShardId(0),
         node: node.node(),

@@ -154,3 +154,61 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
         run.node.check_invariants().unwrap();
     }
 }
+
+/// C8: a node owes an owner a full report of the shard (every line it holds) from the
+/// first word it hears from that owner epoch, and re-sends one every 8 rounds until a
+/// grant batch from the epoch says it took one from this node epoch. A batch of it may be
+/// lost, and the owner's fence waits for one it has whole.
+#[test]
+fn a_full_report_is_resent_until_the_owner_says_it_took_one() {
+    let mut node = leasing_node(1);
+    let kw = KeyWindow {
+        key: key(3),
+        window: window_at(key(3), 60_000, T0.wall_ms),
+    };
+    let batch = |node: &gateway_node::NodeLimiter, epoch: u64, taken: Option<u64>| {
+        bus_schemas::GrantBatch {
+            owner_epoch: bus_schemas::OwnerEpoch(epoch),
+            full_report_taken: taken.map(bus_schemas::NodeEpoch),
+            ..grant_batch(node, Vec::new())
+        }
+    };
+    let windows = [WindowSpec {
+        length_ms: 60_000,
+        limit: 100,
+    }];
+    let policy = gateway_node::KeyPolicy::new(&windows, 25).unwrap();
+    let _ = node.surface().decide(kw.key, T0.wall_ms, &policy);
+    node.handle_grant_batch(T0, &grant_of(&node, kw, 1, 10));
+    let own_epoch = node.epoch().0;
+    // (round, the batch the owner sends before that round's tick)
+    let words = [
+        (12, batch(&node, 1, Some(own_epoch + 1))), // about another life of this node
+        (20, batch(&node, 1, Some(own_epoch))),
+        (30, batch(&node, 2, None)),            // a new owner
+        (31, batch(&node, 1, Some(own_epoch))), // the old one, refused whole
+        (32, batch(&node, 2, Some(own_epoch))),
+    ];
+    let mut full_rounds = Vec::new();
+    let mut now = T0;
+    for round in 1..=50u64 {
+        for (_, b) in words.iter().filter(|(r, _)| *r == round) {
+            node.handle_grant_batch(now, b);
+        }
+        node.handle_tick(now);
+        while let Some(t) = node.poll_transmit() {
+            if let Transmit::Report(r) = t
+                && let Some(chunk) = r.full_report
+            {
+                assert_eq!((chunk.index, chunk.count), (0, 1));
+                assert!(r.entries.iter().any(|e| e.key_window == kw), "{r:?}");
+                full_rounds.push(round);
+            }
+        }
+        now = bus_schemas::Now {
+            wall_ms: now.wall_ms + 25,
+            mono_ms: now.mono_ms + 25,
+        };
+    }
+    assert_eq!(full_rounds, [1, 9, 17, 30]);
+}

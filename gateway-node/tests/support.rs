@@ -135,6 +135,7 @@ pub fn grant_batch(
     entries: Vec<bus_schemas::GrantEntry>,
 ) -> bus_schemas::GrantBatch {
     bus_schemas::GrantBatch {
+        full_report_taken: None,
         owner_epoch: bus_schemas::OwnerEpoch(1),
         shard: bus_schemas::ShardId(0),
         node: node.node(),

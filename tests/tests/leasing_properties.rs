@@ -2,7 +2,7 @@
 //! arbitrary interleavings of requests, ticks, lost, duplicated and reordered messages,
 //! restarts and owner changes. Every step is followed by the safety checks.
 
-use bus_schemas::{KeyWindow, LimitReason};
+use bus_schemas::{KeyWindow, LimitReason, NodeId};
 use foldgate_tests::{Fleet, Msg};
 use gateway_node::Decision;
 use proptest::prelude::*;
@@ -183,15 +183,11 @@ fn restarted_node_spend_is_counted_once() {
     );
 }
 
-/// Found by `foldgate sim --scenario owner-crash` (seed 1002): a node whose line had not
-/// changed did not re-report it to a new owner, yet acknowledged that owner's epoch, so
-/// the new owner thought the credit it held was still in the pool and issued it again.
-/// A node now acknowledges a new owner only in a report that carries every line.
-#[test]
-fn a_new_owner_learns_credit_held_by_a_quiet_node() {
-    // Idle credit is kept (not handed back, neither idle nor beyond what the rest of the
-    // window can spend) and unchanged lines are not refreshed, so node 0 goes quiet while
-    // holding credit and only the acknowledgement rule can reveal it.
+/// Two nodes, one key. Idle credit is kept (not handed back, neither idle nor beyond
+/// what the rest of the window can spend) and unchanged lines are not refreshed, so node
+/// 0 ends quiet while holding 60 s credit, in a line only a full report will show a new
+/// owner. Returns its key-window.
+fn a_quiet_holder() -> (Fleet, KeyWindow) {
     let mut fleet = Fleet::with_node_config(2, 1, |c| {
         c.idle_return_rounds = u32::MAX;
         c.idle_return_rounds_thin = u32::MAX;
@@ -199,54 +195,105 @@ fn a_new_owner_learns_credit_held_by_a_quiet_node() {
         c.rest_return = false;
         c.refresh_rounds = u32::MAX;
     });
-    let settle = |fleet: &mut Fleet, rounds: usize| {
-        for _ in 0..rounds {
-            for i in 0..fleet.nodes.len() {
-                fleet.tick_node(i);
-            }
-            while !fleet.in_flight.is_empty() {
-                fleet.deliver(0, false);
-            }
-            fleet.advance(25);
-        }
-    };
-    settle(&mut fleet, 2);
+    settle(&mut fleet, 2, |_| false);
     // Node 0 takes credit for the 60 s window, then goes quiet.
     for _ in 0..3 {
         for _ in 0..8 {
             fleet.request(0, 0);
         }
-        settle(&mut fleet, 1);
+        settle(&mut fleet, 1, |_| false);
     }
-    // Long enough for its smoothed demand to settle, so its line stops changing and is
-    // re-sent only every `refresh_rounds`.
-    settle(&mut fleet, 60);
+    // Long enough for its smoothed demand to settle, so its line stops changing.
+    settle(&mut fleet, 60, |_| false);
     let kw = fleet.nodes[0]
         .key_windows()
         .find(|kw| kw.window.length_ms == 60_000)
         .unwrap();
     let quiet = fleet.nodes[0].line_for(&kw).unwrap();
     assert!(quiet.held_credit > 0, "{quiet:?}");
-    settle(&mut fleet, 1);
+    settle(&mut fleet, 1, |_| false);
     assert_eq!(
         fleet.nodes[0].line_for(&kw).unwrap(),
         quiet,
         "node 0 is quiet"
     );
-    eprintln!("before {:?}", fleet.nodes[0].line_for(&kw));
-    fleet.change_owner();
-    // Node 1 now asks for as much as it can get, while node 0 stays idle.
-    for _ in 0..12 {
+    (fleet, kw)
+}
+
+/// `rounds` rounds: every node ticks, then every message in flight is delivered in order,
+/// but those `lose` picks, which the bus loses.
+fn settle(fleet: &mut Fleet, rounds: usize, mut lose: impl FnMut(&Msg) -> bool) {
+    for _ in 0..rounds {
+        for i in 0..fleet.nodes.len() {
+            fleet.tick_node(i);
+        }
+        while !fleet.in_flight.is_empty() {
+            if lose(&fleet.in_flight[0]) {
+                fleet.drop_msg(0);
+            } else {
+                fleet.deliver(0, false);
+            }
+        }
+        fleet.advance(25);
+    }
+}
+
+/// Node 1 asks for as much as it can get for `rounds` rounds while node 0 stays idle;
+/// fleet truth and the owner's books are checked every round.
+fn node_1_asks(fleet: &mut Fleet, rounds: usize, mut lose: impl FnMut(&Msg) -> bool) {
+    for _ in 0..rounds {
         for _ in 0..20 {
             fleet.request(1, 0);
         }
-        settle(&mut fleet, 1);
-        eprintln!(
-            "n0 {:?}\n n1 {:?}",
-            fleet.nodes[0].line_for(&kw),
-            fleet.nodes[1].line_for(&kw)
-        );
+        settle(fleet, 1, &mut lose);
         fleet.check_fleet_truth().unwrap();
         fleet.owner.check_invariants().unwrap();
     }
+}
+
+/// Found by `foldgate sim --scenario owner-crash` (seed 1002): a node whose line had not
+/// changed did not re-report it to a new owner, yet acknowledged that owner's epoch, so
+/// the new owner thought the credit it held was still in the pool and issued it again.
+/// A node now acknowledges a new owner only in a report that carries every line.
+#[test]
+fn a_new_owner_learns_credit_held_by_a_quiet_node() {
+    let (mut fleet, _) = a_quiet_holder();
+    fleet.change_owner();
+    node_1_asks(&mut fleet, 12, |_| false);
+}
+
+/// The stop 20 review's gap: node 0's full report to the new owner is lost. Its next,
+/// partial report still names the new epoch; taken as the acknowledgement, the owner
+/// lifted the fence and issued node 0's held credit again to node 1. The owner now takes
+/// the acknowledgement only from a full report it has whole, and node 0 sends one again
+/// until an answer says it was taken.
+#[test]
+fn a_lost_full_report_leaves_the_takeover_fence_up_until_one_arrives() {
+    let (mut fleet, kw) = a_quiet_holder();
+    let granted = fleet.nodes[0].line_for(&kw).unwrap().applied_grant;
+    fleet.change_owner();
+    let mut full_reports_from_0 = 0;
+    let mut lose_the_first = |m: &Msg| {
+        let Msg::Report(r) = m else { return false };
+        if r.node != NodeId(0) || r.full_report.is_none() {
+            return false;
+        }
+        full_reports_from_0 += 1;
+        full_reports_from_0 == 1
+    };
+    node_1_asks(&mut fleet, 24, &mut lose_the_first);
+    assert_eq!(
+        full_reports_from_0, 2,
+        "node 0 re-sends its full report once, and stops once the owner says it took it"
+    );
+    // The fence came down: node 1 was granted what node 0 does not hold.
+    let node_1 = fleet.nodes[1].line_for(&kw).unwrap();
+    assert!(node_1.applied_grant > 0, "{node_1:?}");
+    assert_eq!(
+        fleet
+            .owner
+            .issued_to(&kw, NodeId(0), fleet.nodes[0].epoch()),
+        Some(granted),
+        "the new owner knows node 0's credit"
+    );
 }

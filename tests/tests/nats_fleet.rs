@@ -189,6 +189,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
     let inbox = subjects::grant_inbox(0);
     // A grant that would hand out the whole allowance, if anything let it through.
     let forged = GrantBatch {
+        full_report_taken: None,
         owner_epoch: OwnerEpoch(1),
         shard: ShardId(0),
         node: NodeId(0),
@@ -222,6 +223,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
         seq: u64::MAX / 2,
         shard: ShardId(0),
         sent_at_ms: clock().wall_ms,
+        full_report: None,
         owner_epoch_seen: OwnerEpoch(1),
         entries: vec![ReportEntry {
             key_window: kw,

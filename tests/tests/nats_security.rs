@@ -38,6 +38,7 @@ async fn gateways_cannot_forge_grants_and_strangers_cannot_connect() {
     assert_eq!(&barrier.payload[..], b"barrier");
 
     let forged = GrantBatch {
+        full_report_taken: None,
         owner_epoch: OwnerEpoch(u64::MAX),
         shard: ShardId(0),
         node: NodeId(0),

@@ -69,6 +69,7 @@ pub fn batch(node: u32, seq: u64, now: Now, entries: Vec<ReportEntry>) -> Report
         seq,
         shard: ShardId(0),
         sent_at_ms: now.wall_ms,
+        full_report: Some(bus_schemas::FullReportChunk { index: 0, count: 1 }),
         owner_epoch_seen: OwnerEpoch(1),
         entries,
     }

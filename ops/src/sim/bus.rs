@@ -316,6 +316,7 @@ mod tests {
             seq: 9,
             shard: ShardId(0),
             sent_at_ms: 1_000,
+            full_report: None,
             owner_epoch_seen: OwnerEpoch(1),
             // The same line twice is a batch the wire format refuses (B2).
             entries: vec![entry; entries],
