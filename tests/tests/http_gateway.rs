@@ -624,3 +624,112 @@ async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
 }
+
+/// Past `upstream.max_in_flight` exchanges with the upstream, the next request is
+/// answered 503 at once rather than opening one more upstream connection (the client
+/// pool has no cap of its own); a finished exchange gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
+    let (up, _up_stop) = start_upstream(1_500).await;
+    let gw = Arc::new(
+        start_gateway(
+            up,
+            "upstream.max_in_flight = 2",
+            &policy(4, &[(1_000, 100), (60_000, 1_000)]),
+        )
+        .await,
+    );
+    let c = plain_client();
+    let slow: Vec<_> = (0..2)
+        .map(|i| {
+            let (c, url) = (c.clone(), gw.url("/"));
+            tokio::spawn(async move { get_once(&c, &url, Some(&key(i))).await.unwrap().0 })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gauge = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("foldgate_upstream_in_flight "))
+            .map(|v| v.trim().to_string())
+    };
+    let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
+        .await
+        .unwrap()
+        .2;
+    assert_eq!(gauge(&metrics).as_deref(), Some("2"), "{metrics}");
+    let t = Instant::now();
+    let (status, _, body) = get_once(&c, &gw.url("/"), Some(&key(2))).await.unwrap();
+    assert_eq!(status.as_u16(), 503, "{body}");
+    assert!(body.contains("upstream overloaded"), "{body}");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    for s in slow {
+        assert_eq!(s.await.unwrap().as_u16(), 200);
+    }
+    let (status, _, _) = get_once(&c, &gw.url("/"), Some(&key(3))).await.unwrap();
+    assert_eq!(status.as_u16(), 200, "the places came back");
+    let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
+        .await
+        .unwrap()
+        .2;
+    assert_eq!(gauge(&metrics).as_deref(), Some("0"), "{metrics}");
+    assert!(
+        metrics.contains("foldgate_requests_total{outcome=\"upstream_overloaded\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A client that asks for a long response and stops reading it is let go at
+/// `server.send_timeout_ms`: before, the gateway's write waited for good, and so did the
+/// upstream's, pinning its connection and its place under `upstream.max_in_flight`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    // An upstream that streams a body far larger than the sockets' buffers; it notes
+    // when a write of it fails (the gateway closed the upstream connection).
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<Instant>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-length: 1073741824\r\n\r\n";
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut sent = s.write_all(head.as_bytes()).await;
+        while sent.is_ok() {
+            sent = s.write_all(&chunk).await;
+        }
+        let _ = closed_tx.send(Instant::now());
+    });
+    let gw = start_gateway(
+        up,
+        "server.send_timeout_ms = 300",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    // The client reads nothing more. The buffers fill, the gateway's write waits, and
+    // 300 ms later the connection goes, and the upstream connection with it.
+    let t = Instant::now();
+    let closed_at = tokio::time::timeout(Duration::from_secs(10), closed_rx)
+        .await
+        .expect("the upstream connection was let go")
+        .unwrap();
+    assert!(closed_at.duration_since(t) < Duration::from_secs(5));
+    let metrics = get_once(&plain_client(), &gw.admin_url("/metrics"), None)
+        .await
+        .unwrap()
+        .2;
+    assert!(
+        metrics.contains("\nfoldgate_upstream_in_flight 0\n"),
+        "{metrics}"
+    );
+    drop(s);
+}

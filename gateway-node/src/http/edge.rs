@@ -56,6 +56,8 @@ impl Default for EdgeSettings {
             upstream: UpstreamSettings {
                 urls: vec!["http://127.0.0.1:8080".into()],
                 connect_timeout_ms: 250,
+                // A node's 1,024 (`UpstreamSettings`) for each of the reference 20.
+                max_in_flight: 20 * 1_024,
                 ..UpstreamSettings::default()
             },
         }
@@ -165,6 +167,12 @@ impl Gateway for EdgeGuard {
                     "foldgate_edge_capped_ceiling_total",
                     "Requests over this edge's share of the fleet ceiling (D9).",
                     self.capped_ceiling.load(Ordering::Relaxed),
+                );
+                metrics::gauge(
+                    &mut out,
+                    "foldgate_edge_upstream_in_flight",
+                    "Exchanges with the nodes in flight (upstream.max_in_flight caps them).",
+                    self.upstream.in_flight() as u64,
                 );
                 contract::plain(StatusCode::OK, "text/plain; version=0.0.4", out)
             }

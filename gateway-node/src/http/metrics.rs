@@ -80,14 +80,17 @@ pub enum Outcome {
     UpstreamError,
     /// 504: the upstream did not answer within `upstream_timeout_ms`.
     UpstreamTimeout,
+    /// 503: `upstream.max_in_flight` exchanges were in flight.
+    UpstreamOverloaded,
 }
 
-const OUTCOMES: [(Outcome, &str); 5] = [
+const OUTCOMES: [(Outcome, &str); 6] = [
     (Outcome::Proxied, "proxied"),
     (Outcome::Limited, "limited"),
     (Outcome::Unauthorized, "unauthorized"),
     (Outcome::UpstreamError, "upstream_error"),
     (Outcome::UpstreamTimeout, "upstream_timeout"),
+    (Outcome::UpstreamOverloaded, "upstream_overloaded"),
 ];
 
 /// The limiter's verdicts (`foldgate_decisions_total{outcome}`), counted by the gateway so

@@ -469,6 +469,12 @@ impl NodeGateway {
         );
         metrics::gauge(
             &mut out,
+            "foldgate_upstream_in_flight",
+            "Exchanges with the upstream in flight (upstream.max_in_flight caps them).",
+            self.upstream.in_flight() as u64,
+        );
+        metrics::gauge(
+            &mut out,
             "foldgate_buckets",
             "Buckets in the decision surface (D7 caps them).",
             s.len() as u64,

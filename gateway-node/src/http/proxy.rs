@@ -1,8 +1,10 @@
 //! The reverse-proxy hop, shared by the node and the edge guard: streaming bodies both
-//! ways, pooled upstream connections, and an upstream that is down or slow turned into a
-//! 502 or 504 within a bound, never a hang.
+//! ways, pooled upstream connections, an upstream that is down or slow turned into a
+//! 502 or 504 within a bound, never a hang, and a cap on exchanges in flight to it (503
+//! past it, as Envoy's circuit breaker does).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::contract::{self, Body};
 use super::metrics::Outcome;
@@ -21,6 +24,8 @@ use super::metrics::Outcome;
 pub enum UpstreamError {
     #[error("upstream `{0}` is not an http://host:port URL")]
     BadUrl(String),
+    #[error("upstream.max_in_flight must be at least 1")]
+    NoneInFlight,
 }
 
 /// The `[upstream]` table: where requests go on to, and how long they may take.
@@ -31,6 +36,12 @@ pub struct UpstreamSettings {
     pub connect_timeout_ms: u64,
     pub timeout_ms: u64,
     pub pool_idle_per_host: usize,
+    /// Exchanges with the upstream in flight at once, from the request sent until its
+    /// response body is done or dropped; one more is answered 503 at once. Without it
+    /// each request in flight could hold an upstream connection of its own (the client
+    /// pool has no cap), up to `max_connections` x `h2_max_concurrent_streams`. 1,024 is
+    /// Envoy's default for a cluster's `max_requests`.
+    pub max_in_flight: usize,
 }
 
 impl Default for UpstreamSettings {
@@ -40,18 +51,14 @@ impl Default for UpstreamSettings {
             connect_timeout_ms: 1_000,
             timeout_ms: 10_000,
             pool_idle_per_host: 256,
+            max_in_flight: 1_024,
         }
     }
 }
 
 impl UpstreamSettings {
     pub fn build(&self) -> Result<Upstream, UpstreamError> {
-        Upstream::new(
-            &self.urls,
-            Duration::from_millis(self.connect_timeout_ms),
-            Duration::from_millis(self.timeout_ms),
-            self.pool_idle_per_host,
-        )
+        Upstream::new(self)
     }
 }
 
@@ -62,6 +69,8 @@ pub struct Upstream {
     next: AtomicUsize,
     client: Client<HttpConnector, Incoming>,
     timeout: Duration,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
 }
 
 /// Headers that belong to one hop (RFC 9110 7.6.1) and never go further.
@@ -77,13 +86,9 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 impl Upstream {
-    pub fn new(
-        urls: &[String],
-        connect_timeout: Duration,
-        timeout: Duration,
-        pool_idle_per_host: usize,
-    ) -> Result<Self, UpstreamError> {
-        let targets = urls
+    pub fn new(settings: &UpstreamSettings) -> Result<Self, UpstreamError> {
+        let targets = settings
+            .urls
             .iter()
             .map(|u| {
                 let uri: Uri = u.parse().map_err(|_| UpstreamError::BadUrl(u.clone()))?;
@@ -96,19 +101,29 @@ impl Upstream {
         if targets.is_empty() {
             return Err(UpstreamError::BadUrl(String::new()));
         }
+        if settings.max_in_flight == 0 {
+            return Err(UpstreamError::NoneInFlight);
+        }
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_connect_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(pool_idle_per_host)
+            .pool_max_idle_per_host(settings.pool_idle_per_host)
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Ok(Self {
             targets,
             next: AtomicUsize::new(0),
             client,
-            timeout,
+            timeout: Duration::from_millis(settings.timeout_ms),
+            in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
+            max_in_flight: settings.max_in_flight,
         })
+    }
+
+    /// Exchanges with the upstream in flight now (`max_in_flight` at most).
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight - self.in_flight.available_permits()
     }
 
     /// Sends `req` on, with the correlation id and whatever `extra` headers the caller
@@ -121,6 +136,21 @@ impl Upstream {
         correlation_id: &str,
         extra: &[(HeaderName, HeaderValue)],
     ) -> (Response<Body>, Outcome) {
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            tracing::warn!(
+                correlation_id,
+                max_in_flight = self.max_in_flight,
+                "upstream overloaded"
+            );
+            return (
+                contract::gateway_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream overloaded",
+                    correlation_id,
+                ),
+                Outcome::UpstreamOverloaded,
+            );
+        };
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
         let (scheme, authority) = &self.targets[i];
         let path = req
@@ -168,7 +198,7 @@ impl Upstream {
                 (
                     Response::from_parts(
                         parts,
-                        Either::Left(UpstreamBody::new(body, self.timeout)),
+                        Either::Left(UpstreamBody::new(body, self.timeout, permit)),
                     ),
                     Outcome::Proxied,
                 )
@@ -223,18 +253,22 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// An upstream response's body, given up when no part of it comes for `idle` (the
 /// upstream timeout): that timeout bounds the wait for the head, and a body that stalled
 /// after it held the client's connection, its slot and the upstream socket for good.
+/// It holds the exchange's place under `max_in_flight` until it is done or dropped (a
+/// client that stops reading is let go at the server's `send_timeout_ms`).
 pub struct UpstreamBody {
     inner: Incoming,
     idle: Duration,
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    in_flight: Option<OwnedSemaphorePermit>,
 }
 
 impl UpstreamBody {
-    fn new(inner: Incoming, idle: Duration) -> Self {
+    fn new(inner: Incoming, idle: Duration, in_flight: OwnedSemaphorePermit) -> Self {
         Self {
             inner,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
+            in_flight: Some(in_flight),
         }
     }
 }
@@ -257,7 +291,11 @@ impl hyper::body::Body for UpstreamBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                // Done: the upstream connection is back in the pool.
+                this.in_flight = None;
+                Poll::Ready(None)
+            }
             Poll::Pending => match this.timer.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Some(Err("the upstream's body stalled".into()))),
                 Poll::Pending => Poll::Pending,

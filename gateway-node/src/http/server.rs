@@ -5,8 +5,11 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -14,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -33,6 +37,7 @@ pub struct ServerSettings {
     pub max_connections: usize,
     pub h2_max_concurrent_streams: u32,
     pub drain_ms: u64,
+    pub send_timeout_ms: u64,
 }
 
 impl Default for ServerSettings {
@@ -46,6 +51,7 @@ impl Default for ServerSettings {
             max_connections: limits.max_connections,
             h2_max_concurrent_streams: limits.h2_max_concurrent_streams,
             drain_ms: limits.drain.as_millis() as u64,
+            send_timeout_ms: limits.send_timeout.as_millis() as u64,
         }
     }
 }
@@ -58,6 +64,7 @@ impl ServerSettings {
             max_connections: self.max_connections,
             h2_max_concurrent_streams: self.h2_max_concurrent_streams,
             drain: Duration::from_millis(self.drain_ms),
+            send_timeout: Duration::from_millis(self.send_timeout_ms),
         }
     }
 
@@ -77,6 +84,11 @@ pub struct ServerLimits {
     pub h2_max_concurrent_streams: u32,
     /// In-flight requests get this long to finish once shutdown is signalled.
     pub drain: Duration,
+    /// A write to a client may wait this long for the client to take bytes (nginx's
+    /// `send_timeout`, with its default); then the connection is closed. A client that
+    /// stops reading a response held its slot, the upstream connection the response
+    /// streams from and its place under `upstream.max_in_flight` for good.
+    pub send_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -87,6 +99,7 @@ impl Default for ServerLimits {
             max_connections: 10_000,
             h2_max_concurrent_streams: 256,
             drain: Duration::from_secs(5),
+            send_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -148,20 +161,106 @@ pub async fn serve<H, F>(
             async move { Ok::<_, Infallible>(f.await) }
         });
         let (builder, watcher) = (builder.clone(), graceful.watcher());
-        let head_by = limits.header_read_timeout;
+        let (head_by, send_timeout) = (limits.header_read_timeout, limits.send_timeout);
         tokio::spawn(async move {
             // hyper's HTTP/1 header timer starts once the protocol is known, and telling
             // HTTP/1 from HTTP/2 reads the first bytes with no timer: a client that sends
             // nothing held its slot for good, and `max_connections` of them shut the
             // listener. The start of a request must come within the head's bound.
             if request_begins(&stream, head_by).await {
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let io = TokioIo::new(SendTimeout::new(stream, send_timeout));
+                let conn = builder.serve_connection(io, service);
                 let _ = watcher.watch(conn.into_owned()).await;
             }
             drop(permit);
         });
     }
     let _ = tokio::time::timeout(limits.drain, graceful.shutdown()).await;
+}
+
+/// A client connection whose writes wait at most `limit` for the client to take bytes
+/// (`ServerLimits::send_timeout`); reads pass through.
+struct SendTimeout<S> {
+    inner: S,
+    limit: Duration,
+    /// Since the current write began to wait; none while writes go through.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> SendTimeout<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    fn bounded<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let limit = self.limit;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no bytes for send_timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for SendTimeout<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for SendTimeout<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.bounded(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.bounded(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_flush(cx);
+        this.bounded(cx, r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.bounded(cx, r)
+    }
 }
 
 /// HTTP/2 keep-alive pings on an idle connection, and how long an answer may take.
