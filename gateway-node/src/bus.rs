@@ -140,10 +140,11 @@ fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> 
 /// round's tick holds it for its whole pass over the due keys, and a fast path that
 /// waited the pass out on a worker thread missed its hard 1 ms deadline (D5) by however
 /// long the pass took. Past the deadline the request is a miss, as a late reply is.
-async fn lock_by(
-    limiter: &Mutex<NodeLimiter>,
+/// (The embedded runtime's books too.)
+pub(crate) async fn lock_by<T>(
+    limiter: &Mutex<T>,
     deadline: Instant,
-) -> Option<std::sync::MutexGuard<'_, NodeLimiter>> {
+) -> Option<std::sync::MutexGuard<'_, T>> {
     loop {
         match limiter.try_lock() {
             Ok(guard) => return Some(guard),
@@ -155,6 +156,34 @@ async fn lock_by(
         }
         tokio::task::yield_now().await;
     }
+}
+
+/// Waits, within the same deadline as its own fast path would have had, for the request
+/// that is asking the owner for this key (it wakes `done` when it settles); then decides
+/// on what it brought. Shared by both runtimes.
+pub(crate) async fn join_fast_path(
+    surface: &DecisionSurface,
+    done: &tokio::sync::Notify,
+    now: Now,
+    need: crate::surface::FastPathNeed,
+    policy: &KeyPolicy,
+) -> Decision {
+    let deadline = Instant::now() + FAST_PATH_DEADLINE;
+    let mut missed = false;
+    loop {
+        // Armed before the check, so an answer landing in between still wakes us.
+        let settled = done.notified();
+        tokio::pin!(settled);
+        settled.as_mut().enable();
+        if !surface.fast_path_pending(need.key) {
+            break;
+        }
+        if within(deadline, settled).await.is_none() {
+            missed = true;
+            break;
+        }
+    }
+    surface.decide_after_fast_path(need.key, now.wall_ms, policy, missed)
 }
 
 impl NodeBus {
@@ -361,31 +390,13 @@ impl NodeBus {
         }
     }
 
-    /// Waits, within the same deadline as its own fast path would have had, for the
-    /// request that is asking the owner for this key; then decides on what it brought.
     async fn join_fast_path(
         &self,
         now: Now,
         need: crate::surface::FastPathNeed,
         policy: &KeyPolicy,
     ) -> Decision {
-        let deadline = Instant::now() + FAST_PATH_DEADLINE;
-        let mut missed = false;
-        loop {
-            // Armed before the check, so an answer landing in between still wakes us.
-            let done = self.fast_path_done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if !self.surface.fast_path_pending(need.key) {
-                break;
-            }
-            if within(deadline, done).await.is_none() {
-                missed = true;
-                break;
-            }
-        }
-        self.surface
-            .decide_after_fast_path(need.key, now.wall_ms, policy, missed)
+        join_fast_path(&self.surface, &self.fast_path_done, now, need, policy).await
     }
 
     async fn fast_path(

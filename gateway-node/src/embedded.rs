@@ -6,7 +6,10 @@
 //!
 //! One mutex holds the node limiter and every owner, because a round moves messages
 //! between them in both directions; it is held for state-machine calls only, never across
-//! an await, and the decision surface beside it never takes it (D4).
+//! an await, and the decision surface beside it never takes it (D4). A fast path takes it
+//! only if it can within D5's 1 ms, as on NATS (`bus::lock_by`).
+
+use std::time::Instant;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -58,6 +61,10 @@ impl Books {
 pub struct EmbeddedBus {
     books: Arc<Mutex<Books>>,
     surface: Arc<DecisionSurface>,
+    /// Woken when a fast path settles, for the requests that joined it.
+    fast_path_done: tokio::sync::Notify,
+    /// Fast paths that could not take the books within D5's deadline.
+    fast_path_deadline_missed: std::sync::atomic::AtomicU64,
     clock: Clock,
     policy: watch::Sender<Arc<PolicyIndex>>,
     tick: JoinHandle<()>,
@@ -109,6 +116,8 @@ impl EmbeddedBus {
         Self {
             books,
             surface,
+            fast_path_done: tokio::sync::Notify::new(),
+            fast_path_deadline_missed: Default::default(),
             clock,
             policy: watch::channel(Arc::new(PolicyIndex::default())).0,
             tick,
@@ -141,43 +150,41 @@ impl EmbeddedBus {
     }
 
     /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
-    /// fast path is a function call with no deadline to miss; it does wait for the round's
-    /// tick to let go of the books, blocking its thread that long (the single-process
-    /// default only: on NATS a fast path gives up at its 1 ms deadline, `NodeBus`).
-    pub fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
+    /// fast path is a function call once it has the books; D5's 1 ms bounds the wait for
+    /// them (a round's tick holds them for its pass over the due keys), without blocking
+    /// the thread, and past it the request is a miss, as on NATS. Before stop 21 it
+    /// waited the pass out, blocking a worker thread, and joiners waited up to 100 ms.
+    pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
-            Decision::FastPath(need) if need.join => self.join_fast_path(now, need, policy),
-            Decision::FastPath(need) => self.fast_path(now, need, policy),
+            Decision::FastPath(need) if need.join => {
+                crate::bus::join_fast_path(&self.surface, &self.fast_path_done, now, need, policy)
+                    .await
+            }
+            Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
         }
     }
 
-    /// Another request holds (or is about to take) the books lock to ask the owner for
-    /// this key. Its answer is a function call away, so wait on the lock a bounded few
-    /// times rather than deny; the decision path itself never takes this lock (D4).
-    fn join_fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
-        // Bounded by time, not by tries: hundreds of joiners taking and dropping the lock
-        // in turn could spend 64 tries each before the winner got it (the HTTP/2 test's
-        // 600 streams drew 429s under a loaded machine). The winner's answer is a
-        // function call away, so this bound is only a backstop.
-        const JOIN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
-        let started = std::time::Instant::now();
-        while self.surface.fast_path_pending(need.key) && started.elapsed() < JOIN_WAIT {
-            drop(lock(&self.books));
-            std::thread::yield_now();
-        }
-        self.surface
-            .decide_after_fast_path(need.key, now.wall_ms, policy, false)
+    async fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
+        let deadline = Instant::now() + crate::bus::FAST_PATH_DEADLINE;
+        let claim = self
+            .surface
+            .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
+        let Some(mut b) = crate::bus::lock_by(&self.books, deadline).await else {
+            self.fast_path_deadline_missed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return claim.settle(now.wall_ms, policy, true);
+        };
+        b.node.handle_fast_path_need(now, need);
+        b.exchange(now);
+        drop(b);
+        claim.settle(now.wall_ms, policy, false)
     }
 
-    fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
-        {
-            let mut b = lock(&self.books);
-            b.node.handle_fast_path_need(now, need);
-            b.exchange(now);
-        }
-        self.surface
-            .decide_after_fast_path(need.key, now.wall_ms, policy, false)
+    /// Fast paths that could not take the books within D5's deadline.
+    pub fn fast_path_deadline_missed(&self) -> u64 {
+        self.fast_path_deadline_missed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -193,6 +200,61 @@ mod tests {
     use crate::limiter::NodeConfig;
     use crate::surface::{DecisionSurface, SurfaceConfig};
     use bus_schemas::{NodeEpoch, NodeId, WindowSpec};
+
+    /// D5's deadline holds in one process too: while a round's tick (here a stand-in
+    /// holding the books for 300 ms) has the books, a fast path answers a miss at its
+    /// 1 ms instead of blocking its thread for the pass, and once they are free the
+    /// key's fast path goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_books() {
+        use bus_schemas::LimitReason;
+
+        let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
+        let config = NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            ..NodeConfig::reference(NodeId(0))
+        };
+        let clock = crate::http::node::system_clock();
+        let node = NodeLimiter::new(config, Arc::clone(&surface), NodeEpoch(1), clock());
+        let (_stop_tx, stop) = watch::channel(false);
+        let bus = Arc::new(EmbeddedBus::start(node, Arc::clone(&clock), stop));
+        let policy = KeyPolicy::new(
+            &[WindowSpec {
+                length_ms: 1_000,
+                limit: 100,
+            }],
+            25,
+        )
+        .unwrap();
+        let key = KeyId {
+            version: 1,
+            digest: 0xdead_u128 << 64 | 1,
+        };
+        let held = Arc::clone(&bus);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = tokio::task::spawn_blocking(move || {
+            held.with_limiter(|_| {
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+            })
+        });
+        locked_rx.recv().unwrap();
+        let asked = Instant::now();
+        let decision = bus.decide_at(key, &policy, clock()).await;
+        let took = asked.elapsed();
+        assert!(
+            matches!(decision, Decision::Deny(ref d) if d.reason == LimitReason::FastPathDeadline),
+            "{decision:?}"
+        );
+        // The deadline is 1 ms; 100 ms leaves a noisy machine room and is a third of the hold.
+        assert!(took < Duration::from_millis(100), "answered after {took:?}");
+        assert_eq!(bus.fast_path_deadline_missed(), 1);
+        holder.await.unwrap();
+        // The key's round of fast path was spent on the miss (D5: one a round).
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(bus.decide_at(key, &policy, clock()).await, Decision::Admit);
+    }
 
     /// The false 429s of the issue-5 bench (BENCHMARKS.md): on a CPU-starved node the
     /// round task runs late, by up to several rounds. A key far under its limit must

@@ -297,7 +297,7 @@ impl Runtime {
         now: Now,
     ) -> Decision {
         match self {
-            Self::Embedded(e) => e.decide_at(key, policy, now),
+            Self::Embedded(e) => e.decide_at(key, policy, now).await,
             Self::Nats(n) => n.decide_at(key, policy, now).await,
         }
     }
@@ -521,6 +521,14 @@ impl NodeGateway {
             "Fail-open requests over the backstop floor (D8).",
             st.backstop_denied.load(Ordering::Relaxed),
         );
+        if let Runtime::Embedded(bus) = &self.runtime {
+            metrics::counter(
+                &mut out,
+                "foldgate_fast_path_deadline_missed_total",
+                "Fast paths that missed the 1 ms deadline.",
+                bus.fast_path_deadline_missed(),
+            );
+        }
         if let Runtime::Nats(bus) = &self.runtime {
             let b = &bus.stats;
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
