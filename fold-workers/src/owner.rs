@@ -82,10 +82,12 @@ pub struct OwnerConfig {
     /// A node unseen this many rounds counts as absent.
     pub absent_after_rounds: u64,
     /// After a takeover, grant nothing until every fleet node has acknowledged this owner
-    /// epoch in a report (from then on it refuses the old owner's grants, so its reported
-    /// totals include every old grant it will ever apply). `Some(ms)` gives up waiting
-    /// for silent nodes after `ms` and withholds them instead: liveness bought with a
-    /// residual risk bounded by the old owner's in-flight grants to those nodes.
+    /// epoch in a full report (from then on it refuses the old owner's grants, so its
+    /// reported totals include every old grant it will ever apply). `Some(ms)` gives up
+    /// waiting for silent nodes after `ms` and withholds them instead: liveness bought
+    /// with a residual risk bounded by what those nodes hold that this owner has not
+    /// heard of (the old owner's grants in flight to them, and credit in lines they have
+    /// not re-sent since), until their full reports come in.
     pub takeover_ack_timeout_ms: Option<u64>,
     /// Key-windows tracked at once.
     pub ledgers_cap: usize,
@@ -522,8 +524,13 @@ impl FoldOwner {
         let Some(chunk) = batch.full_report else {
             return;
         };
+        // A node epoch is the node's start in wall ms (C9), so a later life has a larger
+        // one: a delayed chunk of an earlier life must not undo a later one's report.
         if batch.owner_epoch_seen < self.epoch
-            || self.acked.get(&batch.node) == Some(&batch.node_epoch)
+            || self
+                .acked
+                .get(&batch.node)
+                .is_some_and(|e| *e >= batch.node_epoch)
         {
             return;
         }
@@ -537,7 +544,7 @@ impl FoldOwner {
                 chunks_mask: 0,
             });
         if (seen.epoch, seen.seq) != (batch.node_epoch, batch.seq) {
-            if seen.epoch == batch.node_epoch && batch.seq < seen.seq {
+            if (batch.node_epoch, batch.seq) < (seen.epoch, seen.seq) {
                 // A chunk of an older full report, reordered behind a newer one.
                 return;
             }
@@ -613,7 +620,8 @@ impl FoldOwner {
     }
 
     /// Merge one report line (C3): max-sequence-wins within a node epoch, lines of
-    /// different epochs are kept apart and summed. Returns false if the ledger is full.
+    /// different epochs are kept apart and summed. Returns false if the line was refused
+    /// (no room for its ledger, a window too far ahead, or past the lines cap).
     fn merge(
         &mut self,
         node: NodeId,
@@ -741,10 +749,16 @@ impl FoldOwner {
         self.stats.batches += 1;
         self.stats.entries += batch.entries.len() as u64;
         self.see_node(batch.node, batch.node_epoch, batch.seq, now);
-        self.take_full_report_chunk(batch);
+        // A line with credit this owner refused to take in (a full ledger map) is credit
+        // it does not know of: the report it came in is no acknowledgement then.
+        let mut refused_credit = false;
         for entry in &batch.entries {
             self.hot.record(entry.key_window.key, 1);
-            self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
+            let taken = self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
+            refused_credit |= !taken && entry.applied_grant + entry.self_granted > 0;
+        }
+        if !refused_credit {
+            self.take_full_report_chunk(batch);
         }
         let mut grants = Vec::new();
         if self.withheld(batch.node, now) {

@@ -82,15 +82,47 @@ fn a_node_acknowledges_a_new_owner_only_in_a_full_report_it_has_whole() {
         "the fence is down"
     );
 
-    // A restarted node 0 is a new epoch: what the owner took was its previous life's.
-    let restarted = ReportBatch {
+    // A restarted node 0 is a new epoch: what the owner took was its previous life's,
+    // until the new life's own full report comes in. A delayed chunk of the earlier
+    // life after that changes nothing.
+    let restarted = |full| ReportBatch {
         node_epoch: NodeEpoch(9),
-        ..report(0, 1, EPOCH, None, vec![])
+        ..report(0, 1, EPOCH, full, vec![])
     };
+    let a = answer(&mut owner, restarted(None));
+    assert_eq!(a.full_report_taken, Some(NodeEpoch(1)));
+    let a = answer(&mut owner, restarted(Some((0, 1))));
+    assert_eq!(a.full_report_taken, Some(NodeEpoch(9)));
+    let a = answer(&mut owner, report(0, 6, EPOCH, Some((0, 1)), vec![]));
     assert_eq!(
-        answer(&mut owner, restarted).full_report_taken,
-        Some(NodeEpoch(1))
+        a.full_report_taken,
+        Some(NodeEpoch(9)),
+        "an earlier life's chunk"
     );
+}
+
+/// A full report whose line holding credit the owner could not take in (no room for
+/// its ledger) is no acknowledgement: the owner does not know that credit.
+#[test]
+fn a_full_report_with_a_refused_line_is_no_acknowledgement() {
+    let config = fold_workers::OwnerConfig {
+        ledgers_cap: 1,
+        ..common::config(1)
+    };
+    let mut owner = FoldOwner::new(config, EPOCH, common::START, true);
+    let held = |i| ReportEntry {
+        applied_grant: 10,
+        held_credit: 10,
+        ..line(common::minute_window(i), 100)
+    };
+    let a = answer(
+        &mut owner,
+        report(0, 1, EPOCH, Some((0, 1)), vec![held(1), held(2)]),
+    );
+    assert_eq!(a.full_report_taken, None, "window 2's line was refused");
+    assert_eq!(owner.stats().ledgers_refused, 1);
+    let a = answer(&mut owner, report(0, 2, EPOCH, Some((0, 1)), vec![held(1)]));
+    assert_eq!(a.full_report_taken, Some(NodeEpoch(1)));
 }
 
 #[test]

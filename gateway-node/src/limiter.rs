@@ -178,6 +178,8 @@ pub struct NodeStats {
     pub keys_visited: u64,
     /// Of those, keys visited for new decisions.
     pub keys_visited_for_decisions: u64,
+    /// C8: full reports of a shard sent (`ShardLink::full_report_owed`).
+    pub full_reports_sent: u64,
 }
 
 /// Where a record's credit is.
@@ -570,20 +572,26 @@ struct ShardLink {
     /// full_report_taken`). A new owner rebuilds its ledger from reports, and a line that
     /// had not changed would otherwise stay unreported for up to `refresh_rounds`, its
     /// credit unknown to it; so until the owner says so, a report of *every* line goes
-    /// out every `FULL_REPORT_RESEND_ROUNDS` rounds (a batch of it may be lost: the bus
-    /// is at most once, and a takeover follows an outage).
+    /// out again after `FULL_REPORT_RESEND_ROUNDS` rounds, then after twice as many, up
+    /// to `FULL_REPORT_RESEND_ROUNDS_MAX` (a batch of it may be lost: the bus is at most
+    /// once, and a takeover follows an outage).
     full_report_owed: bool,
     /// The round the last full report for `owner_epoch_seen` went out (0: none yet).
     full_report_round: u64,
+    /// Full reports sent to `owner_epoch_seen` so far (the resend interval doubles).
+    full_reports_sent: u32,
     /// This round's report of the shard is a full one.
     full_report_now: bool,
 }
 
-/// Rounds between full reports to an owner that has not said it took one (`ShardLink::
-/// full_report_owed`): the answer to one is back within a round on a live bus, so a
-/// second is sent only past a lost batch, and an owner that never answers costs a full
-/// report every 200 ms at 25 ms rounds, not every round.
+/// Rounds before a full report goes out again to an owner that has not said it took one
+/// (`ShardLink::full_report_owed`): the answer to one is back within a round on a live
+/// bus, so a second is sent only past a lost batch. The wait doubles with each resend up
+/// to the max (6.4 s at 25 ms rounds): an owner that never says so (one from before the
+/// field, or a halted one, which sends nothing) costs a full report of the shard that
+/// often, not every 200 ms.
 const FULL_REPORT_RESEND_ROUNDS: u64 = 8;
+const FULL_REPORT_RESEND_ROUNDS_MAX: u64 = 256;
 
 #[derive(Clone, Copy, Debug)]
 struct PendingFastPath {
@@ -714,6 +722,7 @@ impl NodeLimiter {
                 last_contact_round: 0,
                 full_report_owed: false,
                 full_report_round: 0,
+                full_reports_sent: 0,
                 full_report_now: false,
             })
             .collect();
@@ -786,6 +795,11 @@ impl NodeLimiter {
         }
     }
 
+    /// C8: shards whose owner has not yet said it took a full report from this node.
+    pub fn full_reports_owed(&self) -> usize {
+        self.links.iter().filter(|l| l.full_report_owed).count()
+    }
+
     /// F7's view of one shard from this node: how long since its owner last answered (ms)
     /// and the owner epoch it answers as.
     pub fn shard_contact(&self, shard: ShardId, now: Now) -> (u64, OwnerEpoch) {
@@ -843,11 +857,14 @@ impl NodeLimiter {
         self.last_tick_wall_ms = now.wall_ms;
         let mut full_report = false;
         for link in &mut self.links {
+            let wait = (FULL_REPORT_RESEND_ROUNDS << link.full_reports_sent.saturating_sub(1))
+                .min(FULL_REPORT_RESEND_ROUNDS_MAX);
             link.full_report_now = link.full_report_owed
-                && (link.full_report_round == 0
-                    || self.round >= link.full_report_round + FULL_REPORT_RESEND_ROUNDS);
+                && (link.full_reports_sent == 0 || self.round >= link.full_report_round + wait);
             if link.full_report_now {
                 link.full_report_round = self.round;
+                link.full_reports_sent = link.full_reports_sent.saturating_add(1);
+                self.stats.full_reports_sent += 1;
                 full_report = true;
             }
         }
@@ -1612,7 +1629,7 @@ impl NodeLimiter {
     /// The round's report batches from the lines `report_key` collected.
     fn send_reports(&mut self, now: Now, per_shard: Vec<Vec<ReportEntry>>) {
         // One batch per shard every round, empty or not: it is also the heartbeat the
-        // owner uses to see this node (C8) and the acknowledgement of its epoch.
+        // owner uses to see this node (C8). Only a full report acknowledges its epoch.
         for (shard, mut entries) in per_shard.into_iter().enumerate() {
             entries.sort_unstable_by_key(|e| e.key_window);
             let chunk_count = entries.len().div_ceil(REPORT_ENTRIES_MAX).max(1);
@@ -1955,7 +1972,7 @@ impl NodeLimiter {
         }
         if epoch > link.owner_epoch_seen {
             link.full_report_owed = true;
-            link.full_report_round = 0;
+            link.full_reports_sent = 0;
         }
         link.owner_epoch_seen = epoch;
         link.last_contact_mono_ms = now.mono_ms;

@@ -156,9 +156,11 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
 }
 
 /// C8: a node owes an owner a full report of the shard (every line it holds) from the
-/// first word it hears from that owner epoch, and re-sends one every 8 rounds until a
-/// grant batch from the epoch says it took one from this node epoch. A batch of it may be
-/// lost, and the owner's fence waits for one it has whole.
+/// first word it hears from that owner epoch, and re-sends one until a grant batch from
+/// the epoch says it took one from this node epoch: after 8 rounds, then twice as long
+/// each time, up to 256 (an owner that never says so, one from before the field, must
+/// not cost a full report every 200 ms for good). A batch of it may be lost, and the
+/// owner's fence waits for one it has whole.
 #[test]
 fn a_full_report_is_resent_until_the_owner_says_it_took_one() {
     let mut node = leasing_node(1);
@@ -184,14 +186,14 @@ fn a_full_report_is_resent_until_the_owner_says_it_took_one() {
     // (round, the batch the owner sends before that round's tick)
     let words = [
         (12, batch(&node, 1, Some(own_epoch + 1))), // about another life of this node
-        (20, batch(&node, 1, Some(own_epoch))),
-        (30, batch(&node, 2, None)),            // a new owner
-        (31, batch(&node, 1, Some(own_epoch))), // the old one, refused whole
-        (32, batch(&node, 2, Some(own_epoch))),
+        (510, batch(&node, 1, Some(own_epoch))),
+        (520, batch(&node, 2, None)),            // a new owner
+        (521, batch(&node, 1, Some(own_epoch))), // the old one, refused whole
+        (522, batch(&node, 2, Some(own_epoch))),
     ];
     let mut full_rounds = Vec::new();
     let mut now = T0;
-    for round in 1..=50u64 {
+    for round in 1..=600u64 {
         for (_, b) in words.iter().filter(|(r, _)| *r == round) {
             node.handle_grant_batch(now, b);
         }
@@ -210,5 +212,7 @@ fn a_full_report_is_resent_until_the_owner_says_it_took_one() {
             mono_ms: now.mono_ms + 25,
         };
     }
-    assert_eq!(full_rounds, [1, 9, 17, 30]);
+    assert_eq!(full_rounds, [1, 9, 25, 57, 121, 249, 505, 520]);
+    assert_eq!(node.stats().full_reports_sent, 8);
+    assert_eq!(node.full_reports_owed(), 0);
 }

@@ -309,6 +309,13 @@ impl Runtime {
         }
     }
 
+    pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
+        match self {
+            Self::Embedded(e) => e.with_limiter(f),
+            Self::Nats(n) => n.with_limiter(f),
+        }
+    }
+
     pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
         match self {
             Self::Embedded(e) => e.policy(),
@@ -520,6 +527,21 @@ impl NodeGateway {
             "foldgate_backstop_denied_total",
             "Fail-open requests over the backstop floor (D8).",
             st.backstop_denied.load(Ordering::Relaxed),
+        );
+        let (full_reports_sent, full_reports_owed) = self
+            .runtime
+            .with_limiter(|l| (l.stats().full_reports_sent, l.full_reports_owed()));
+        metrics::counter(
+            &mut out,
+            "foldgate_full_reports_sent_total",
+            "Full reports of a shard sent to a new owner epoch (C8).",
+            full_reports_sent,
+        );
+        metrics::gauge(
+            &mut out,
+            "foldgate_full_reports_owed_shards",
+            "Shards whose owner has not yet said it took this node's full report (C8).",
+            full_reports_owed as u64,
         );
         if let Runtime::Embedded(bus) = &self.runtime {
             metrics::counter(
