@@ -10,7 +10,13 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
+
+/// What a configuration struct must be: read from TOML, every field defaulted by the
+/// struct's own `Default` (written out as the first layer), and denying unknown fields.
+pub trait Settings: DeserializeOwned + Serialize + Default {}
+impl<T: DeserializeOwned + Serialize + Default> Settings for T {}
 
 /// The flags every gateway binary takes for its configuration.
 #[derive(Clone, Debug, clap::Args)]
@@ -27,7 +33,7 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
-    pub fn load<T: DeserializeOwned>(&self, env_prefix: &str) -> Result<T, ConfigError> {
+    pub fn load<T: Settings>(&self, env_prefix: &str) -> Result<T, ConfigError> {
         load(self.config.as_deref(), env_prefix, &self.sets)
     }
 }
@@ -51,7 +57,7 @@ pub enum ConfigError {
 /// Loads `T` from `file` (if any), then the environment variables starting `env_prefix`,
 /// then `sets` (`key=value`). `T` must default every field (`#[serde(default)]`) and
 /// should deny unknown fields, so a misspelt key fails instead of being ignored.
-pub fn load<T: DeserializeOwned>(
+pub fn load<T: Settings>(
     file: Option<&Path>,
     env_prefix: &str,
     sets: &[String],
@@ -59,14 +65,34 @@ pub fn load<T: DeserializeOwned>(
     load_from(file, std::env::vars(), env_prefix, sets)
 }
 
+/// `from` over `into`, table by table; any other value replaces what was there (an array
+/// whole).
+fn overlay(into: &mut toml::Table, from: toml::Table) {
+    for (key, value) in from {
+        match (into.get_mut(&key), value) {
+            (Some(toml::Value::Table(under)), toml::Value::Table(over)) => overlay(under, over),
+            (_, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
 /// `load` with the environment given, so tests need not touch the process's own.
-pub fn load_from<T: DeserializeOwned>(
+pub fn load_from<T: Settings>(
     file: Option<&Path>,
     env: impl IntoIterator<Item = (String, String)>,
     env_prefix: &str,
     sets: &[String],
 ) -> Result<T, ConfigError> {
-    let mut table = toml::Table::new();
+    // The struct's own defaults are the first layer, written out whole: a table the file
+    // names (`[upstream]`) would otherwise be filled from the *field's* type defaults, and
+    // the edge's `upstream.max_in_flight` and `connect_timeout_ms` fell back to a node's.
+    let mut table = toml::Table::try_from(T::default()).map_err(|e| ConfigError::Invalid {
+        origin: "defaults".into(),
+        key: String::new(),
+        message: e.to_string(),
+    })?;
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
@@ -74,7 +100,8 @@ pub fn load_from<T: DeserializeOwned>(
         })?;
         // Deserialize the file on its own first, so its errors point at its own lines.
         toml::from_str::<T>(&text).map_err(|e| file_error(path, &text, &e))?;
-        table = toml::from_str(&text).map_err(|e| file_error(path, &text, &e))?;
+        let file_table = toml::from_str(&text).map_err(|e| file_error(path, &text, &e))?;
+        overlay(&mut table, file_table);
     }
     let mut env: Vec<(String, String)> = env
         .into_iter()
@@ -178,7 +205,7 @@ fn file_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
 mod tests {
     use super::*;
 
-    #[derive(Debug, serde::Deserialize, PartialEq)]
+    #[derive(Debug, serde::Deserialize, serde::Serialize, PartialEq)]
     #[serde(default, deny_unknown_fields)]
     struct Sample {
         round_ms: u32,
@@ -186,7 +213,7 @@ mod tests {
         inner: Inner,
     }
 
-    #[derive(Debug, serde::Deserialize, PartialEq, Default)]
+    #[derive(Debug, serde::Deserialize, serde::Serialize, PartialEq, Default)]
     #[serde(default, deny_unknown_fields)]
     struct Inner {
         version: u64,
@@ -200,6 +227,33 @@ mod tests {
                 inner: Inner::default(),
             }
         }
+    }
+
+    /// A table the file names keeps the struct's own defaults for what it leaves out, not
+    /// the nested type's (the edge's `[upstream]` fell back to a node's cap and timeout).
+    #[test]
+    fn a_named_table_keeps_the_structs_defaults_for_what_it_leaves_out() {
+        let f = file("round_ms = 30\n[inner]\n");
+        let got: Sample = load_from(Some(&f.0), vec![], "FG_T_", &[]).unwrap();
+        assert_eq!((got.round_ms, got.inner.version), (30, 0));
+        let got: crate::http::edge::EdgeSettings = load_from(
+            Some(&file("[upstream]\nurls = [\"http://127.0.0.1:9\"]\n").0),
+            vec![],
+            "FG_T_",
+            &[],
+        )
+        .unwrap();
+        let defaults = crate::http::edge::EdgeSettings::default();
+        assert_eq!(got.upstream.urls, ["http://127.0.0.1:9"]);
+        assert_eq!(got.upstream.max_in_flight, defaults.upstream.max_in_flight);
+        assert_eq!(
+            got.upstream.connect_timeout_ms,
+            defaults.upstream.connect_timeout_ms
+        );
+        assert_ne!(
+            defaults.upstream.max_in_flight,
+            crate::http::proxy::UpstreamSettings::default().max_in_flight
+        );
     }
 
     fn file(text: &str) -> tempfile_like::Tmp {

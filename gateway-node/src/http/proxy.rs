@@ -24,8 +24,8 @@ use super::metrics::Outcome;
 pub enum UpstreamError {
     #[error("upstream `{0}` is not an http://host:port URL")]
     BadUrl(String),
-    #[error("upstream.max_in_flight must be at least 1")]
-    NoneInFlight,
+    #[error("upstream.max_in_flight must be 1..={}", Semaphore::MAX_PERMITS)]
+    InFlightOutOfRange,
 }
 
 /// The `[upstream]` table: where requests go on to, and how long they may take.
@@ -101,8 +101,8 @@ impl Upstream {
         if targets.is_empty() {
             return Err(UpstreamError::BadUrl(String::new()));
         }
-        if settings.max_in_flight == 0 {
-            return Err(UpstreamError::NoneInFlight);
+        if !(1..=Semaphore::MAX_PERMITS).contains(&settings.max_in_flight) {
+            return Err(UpstreamError::InFlightOutOfRange);
         }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)));
