@@ -31,8 +31,12 @@ struct Books {
 
 impl Books {
     /// Hands every queued report to its owner and every queued grant back to the node,
-    /// until both sides are quiet (a grant never causes a report, so this ends).
-    fn exchange(&mut self, now: Now) {
+    /// until both sides are quiet (a grant never causes a report, so this ends). An
+    /// owner that finds its books broken halts itself and grants nothing more: after a
+    /// round every ledger is checked, after a fast path only the key-window it asked for
+    /// (a walk of every ledger under the books' lock on each fast path held the others
+    /// past D5's 1 ms as the key count grew).
+    fn exchange(&mut self, now: Now, check: Check) {
         while let Some(t) = self.node.poll_transmit() {
             match t {
                 Transmit::Report(r) => {
@@ -43,18 +47,41 @@ impl Books {
                 Transmit::FastPath(f) => {
                     if let Some(o) = self.owners.get_mut(f.shard.0 as usize) {
                         let reply = o.handle_fast_path_request(now, &f);
+                        let _ = o.check_key_windows([&f.entry.key_window]);
                         self.node.handle_fast_path_reply(now, &reply);
                     }
                 }
             }
         }
         for o in &mut self.owners {
-            // An owner that finds its books broken halts itself and grants nothing more.
-            let _ = o.check_invariants();
+            if check == Check::Every {
+                let _ = o.check_invariants();
+            }
             while let Some(g) = o.poll_grant() {
                 self.node.handle_grant_batch(now, &g);
             }
         }
+    }
+}
+
+/// How much of the owners' books an exchange checks (`Books::exchange`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Every ledger: after a round.
+    Every,
+    /// Only the key-windows the exchange's fast paths asked for.
+    Touched,
+}
+
+impl Books {
+    /// A round: the node's tick, the owners' ticks, and what they send each other.
+    fn round(&mut self, now: Now) {
+        self.node.handle_tick(now);
+        self.exchange(now, Check::Every);
+        for o in &mut self.owners {
+            o.handle_tick(now);
+        }
+        self.exchange(now, Check::Every);
     }
 }
 
@@ -103,14 +130,7 @@ impl EmbeddedBus {
         let tick = {
             let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
             tokio::spawn(crate::bus::each_round(round, shutdown, move || {
-                let now = clock();
-                let mut b = lock(&books);
-                b.node.handle_tick(now);
-                b.exchange(now);
-                for o in &mut b.owners {
-                    o.handle_tick(now);
-                }
-                b.exchange(now);
+                lock(&books).round(clock())
             }))
         };
         Self {
@@ -176,7 +196,7 @@ impl EmbeddedBus {
             return claim.settle(now.wall_ms, policy, true);
         };
         b.node.handle_fast_path_need(now, need);
-        b.exchange(now);
+        b.exchange(now, Check::Touched);
         drop(b);
         claim.settle(now.wall_ms, policy, false)
     }
@@ -320,12 +340,7 @@ mod tests {
                 mono_ms: t0.mono_ms + ms,
             };
             if ms >= next_tick_ms {
-                books.node.handle_tick(now);
-                books.exchange(now);
-                for o in &mut books.owners {
-                    o.handle_tick(now);
-                }
-                books.exchange(now);
+                books.round(now);
                 books.node.check_invariants().unwrap();
                 for o in &mut books.owners {
                     o.check_invariants().unwrap();
@@ -346,7 +361,7 @@ mod tests {
                     }
                     Decision::FastPath(need) => {
                         books.node.handle_fast_path_need(now, need);
-                        books.exchange(now);
+                        books.exchange(now, Check::Touched);
                         surface.decide_after_fast_path(key, now.wall_ms, &policy, false)
                     }
                     d => d,
