@@ -733,3 +733,84 @@ async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
     );
     drop(s);
 }
+
+/// Over HTTP/2 a client that stops reading one stream stalls it on flow control: nothing
+/// is pending on the socket (the connection's `send_timeout` never sees it) and nothing
+/// polls the stream's body. The body's relay gives the upstream connection and its place
+/// under `upstream.max_in_flight` back at `server.send_timeout_ms` all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let closed_tx = closed_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                if buf[..n].starts_with(b"GET /small") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    return;
+                }
+                // Far more than the stream's flow-control window and the sockets' buffers,
+                // chunked: with no length to fall short of, only the relay's word can tell
+                // a cut body from a whole one.
+                let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                let mut chunk = b"10000\r\n".to_vec();
+                chunk.extend(std::iter::repeat_n(b'x', 64 * 1024));
+                chunk.extend_from_slice(b"\r\n");
+                let mut sent = s.write_all(head.as_bytes()).await;
+                while sent.is_ok() {
+                    sent = s.write_all(&chunk).await;
+                }
+                let _ = closed_tx.send(());
+            });
+        }
+    });
+    let gw = start_gateway(
+        up,
+        "server.send_timeout_ms = 300\nupstream.max_in_flight = 1",
+        &policy(2, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let req = http::Request::get(gw.url("/big"))
+        .header("authorization", format!("Bearer {}", key(0)))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    // The head is read; the body never is, while the response is held.
+    let held = h2.request(req).await.unwrap();
+    assert_eq!(held.status(), 200);
+    assert_eq!(held.version(), http::Version::HTTP_2);
+    tokio::time::timeout(Duration::from_secs(10), closed_rx.recv())
+        .await
+        .expect("the upstream connection was let go")
+        .unwrap();
+    let c = plain_client();
+    let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
+        .await
+        .unwrap()
+        .2;
+    assert!(
+        metrics.contains("\nfoldgate_upstream_in_flight 0\n"),
+        "{metrics}"
+    );
+    let (status, _, body) = get_once(&c, &gw.url("/small"), Some(&key(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.as_u16(), body.as_str()),
+        (200, "ok"),
+        "its place came back"
+    );
+    // What the client does read of the cut response ends in an error, not as a whole
+    // (shorter) body.
+    let read = tokio::time::timeout(Duration::from_secs(10), held.into_body().collect())
+        .await
+        .expect("the cut stream ends");
+    assert!(read.is_err(), "a cut response read as complete");
+}

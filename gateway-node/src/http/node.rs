@@ -381,7 +381,9 @@ impl NodeGateway {
             metrics: GatewayMetrics::default(),
             hasher: settings.hasher()?,
             ids: CorrelationIds::default(),
-            upstream: settings.upstream.build()?,
+            upstream: settings
+                .upstream
+                .build(settings.server.limits().send_timeout)?,
             clock,
             limiter_enabled: settings.limiter_enabled,
         })
@@ -547,7 +549,7 @@ impl NodeGateway {
             metrics::counter(
                 &mut out,
                 "foldgate_fast_path_deadline_missed_total",
-                "Fast paths that missed the 1 ms deadline.",
+                "Fast paths that could not take the limiter's books within a round.",
                 bus.fast_path_deadline_missed(),
             );
         }

@@ -57,8 +57,10 @@ impl Default for UpstreamSettings {
 }
 
 impl UpstreamSettings {
-    pub fn build(&self) -> Result<Upstream, UpstreamError> {
-        Upstream::new(self)
+    /// `send_timeout`: the server's bound on a client that stops taking a response
+    /// (`ServerLimits::send_timeout`), held here per response stream.
+    pub fn build(&self, send_timeout: Duration) -> Result<Upstream, UpstreamError> {
+        Upstream::new(self, send_timeout)
     }
 }
 
@@ -69,6 +71,7 @@ pub struct Upstream {
     next: AtomicUsize,
     client: Client<HttpConnector, Incoming>,
     timeout: Duration,
+    send_timeout: Duration,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
 }
@@ -86,7 +89,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 impl Upstream {
-    pub fn new(settings: &UpstreamSettings) -> Result<Self, UpstreamError> {
+    pub fn new(settings: &UpstreamSettings, send_timeout: Duration) -> Result<Self, UpstreamError> {
         let targets = settings
             .urls
             .iter()
@@ -116,6 +119,7 @@ impl Upstream {
             next: AtomicUsize::new(0),
             client,
             timeout: Duration::from_millis(settings.timeout_ms),
+            send_timeout,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
             max_in_flight: settings.max_in_flight,
         })
@@ -198,7 +202,12 @@ impl Upstream {
                 (
                     Response::from_parts(
                         parts,
-                        Either::Left(UpstreamBody::new(body, self.timeout, permit)),
+                        Either::Left(UpstreamBody::relay(
+                            body,
+                            self.timeout,
+                            self.send_timeout,
+                            permit,
+                        )),
                     ),
                     Outcome::Proxied,
                 )
@@ -250,64 +259,104 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-/// An upstream response's body, given up when no part of it comes for `idle` (the
-/// upstream timeout): that timeout bounds the wait for the head, and a body that stalled
-/// after it held the client's connection, its slot and the upstream socket for good.
-/// It holds the exchange's place under `max_in_flight` until it is done or dropped (a
-/// client that stops reading is let go at the server's `send_timeout_ms`).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An upstream response's body, moved by a task of its own (`relay`) through a channel of
+/// one frame, so both of its bounds hold whichever side stalls:
+/// - the upstream: no frame for `idle` (the upstream timeout, which bounds the wait for
+///   the head; a body that stalled after it held everything for good);
+/// - the client: a frame not taken for `send_timeout`. Over HTTP/2 a stream the client
+///   stopped reading waits on flow control with nothing polling its body and nothing
+///   pending on the socket, so the server's `SendTimeout` never sees it.
+///
+/// Either way the relay ends, dropping the upstream connection and the exchange's place
+/// under `max_in_flight`, and the client's stream ends in an error.
 pub struct UpstreamBody {
-    inner: Incoming,
-    idle: Duration,
-    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    in_flight: Option<OwnedSemaphorePermit>,
+    frames: tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>,
+    size_hint: hyper::body::SizeHint,
+    /// Set by a relay that gave up with a frame it could not hand over: the end of the
+    /// channel is then an error, not the end of the body (a truncated response must not
+    /// read as a whole one).
+    cut: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl UpstreamBody {
-    fn new(inner: Incoming, idle: Duration, in_flight: OwnedSemaphorePermit) -> Self {
-        Self {
+    fn relay(
+        inner: Incoming,
+        idle: Duration,
+        send_timeout: Duration,
+        in_flight: OwnedSemaphorePermit,
+    ) -> Self {
+        use hyper::body::Body as _;
+        let size_hint = inner.size_hint();
+        let (tx, frames) = tokio::sync::mpsc::channel(1);
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(relay(
             inner,
+            tx,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
-            in_flight: Some(in_flight),
+            send_timeout,
+            in_flight,
+            Arc::clone(&cut),
+        ));
+        Self {
+            frames,
+            size_hint,
+            cut,
+        }
+    }
+}
+
+async fn relay(
+    mut inner: Incoming,
+    tx: tokio::sync::mpsc::Sender<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>,
+    idle: Duration,
+    send_timeout: Duration,
+    in_flight: OwnedSemaphorePermit,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use http_body_util::BodyExt;
+    let _in_flight = in_flight;
+    loop {
+        let frame = match tokio::time::timeout(idle, inner.frame()).await {
+            Ok(Some(Ok(frame))) => Ok(frame),
+            Ok(Some(Err(e))) => Err(BoxError::from(e)),
+            // The end: the upstream connection goes back to the pool.
+            Ok(None) => return,
+            Err(_) => Err("the upstream's body stalled".into()),
+        };
+        let last = frame.is_err();
+        match tokio::time::timeout(send_timeout, tx.send(frame)).await {
+            Ok(Ok(())) if !last => {}
+            // An error handed over, or the client gone.
+            Ok(_) => return,
+            // A client that took nothing for `send_timeout`: its stream ends in an error
+            // when (if) it is polled again.
+            Err(_) => {
+                cut.store(true, std::sync::atomic::Ordering::Release);
+                return;
+            }
         }
     }
 }
 
 impl hyper::body::Body for UpstreamBody {
     type Data = bytes::Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        use std::future::Future;
-        use std::task::Poll;
-        let this = self.get_mut();
-        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let next = tokio::time::Instant::now() + this.idle;
-                this.timer.as_mut().reset(next);
-                Poll::Ready(Some(Ok(frame)))
+        match self.frames.poll_recv(cx) {
+            std::task::Poll::Ready(None) if self.cut.load(std::sync::atomic::Ordering::Acquire) => {
+                std::task::Poll::Ready(Some(Err("the client took nothing for send_timeout".into())))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => {
-                // Done: the upstream connection is back in the pool.
-                this.in_flight = None;
-                Poll::Ready(None)
-            }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err("the upstream's body stalled".into()))),
-                Poll::Pending => Poll::Pending,
-            },
+            other => other,
         }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        self.size_hint
     }
 }
