@@ -140,7 +140,10 @@ fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> 
 /// round's tick holds it for its whole pass over the due keys, and a fast path that
 /// waited the pass out on a worker thread missed its hard 1 ms deadline (D5) by however
 /// long the pass took. Past the deadline the request is a miss, as a late reply is.
-/// (The embedded runtime's books too.)
+/// (The embedded runtime's books too, with a longer deadline.) It yields to the runtime
+/// between tries rather than sleeping: the holder may be a task blocked on this lock on
+/// a worker, and a timer then fired only once the lock was free (a 25 ms bound waited
+/// out a 300 ms hold in the embedded test).
 pub(crate) async fn lock_by<T>(
     limiter: &Mutex<T>,
     deadline: Instant,
@@ -158,17 +161,17 @@ pub(crate) async fn lock_by<T>(
     }
 }
 
-/// Waits, within the same deadline as its own fast path would have had, for the request
-/// that is asking the owner for this key (it wakes `done` when it settles); then decides
-/// on what it brought. Shared by both runtimes.
+/// Waits, until the `deadline` its own fast path would have had, for the request that is
+/// asking the owner for this key (it wakes `done` when it settles); then decides on what
+/// it brought. Shared by both runtimes.
 pub(crate) async fn join_fast_path(
     surface: &DecisionSurface,
     done: &tokio::sync::Notify,
+    deadline: Instant,
     now: Now,
     need: crate::surface::FastPathNeed,
     policy: &KeyPolicy,
 ) -> Decision {
-    let deadline = Instant::now() + FAST_PATH_DEADLINE;
     let mut missed = false;
     loop {
         // Armed before the check, so an answer landing in between still wakes us.
@@ -396,7 +399,16 @@ impl NodeBus {
         need: crate::surface::FastPathNeed,
         policy: &KeyPolicy,
     ) -> Decision {
-        join_fast_path(&self.surface, &self.fast_path_done, now, need, policy).await
+        let deadline = Instant::now() + FAST_PATH_DEADLINE;
+        join_fast_path(
+            &self.surface,
+            &self.fast_path_done,
+            deadline,
+            now,
+            need,
+            policy,
+        )
+        .await
     }
 
     async fn fast_path(

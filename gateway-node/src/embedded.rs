@@ -7,7 +7,8 @@
 //! One mutex holds the node limiter and every owner, because a round moves messages
 //! between them in both directions; it is held for state-machine calls only, never across
 //! an await, and the decision surface beside it never takes it (D4). A fast path takes it
-//! only if it can within D5's 1 ms, as on NATS (`bus::lock_by`).
+//! only if it can within a round (`EmbeddedBus::fast_path_deadline`), without blocking
+//! its thread (`bus::lock_by`).
 
 use std::time::Instant;
 
@@ -87,10 +88,12 @@ impl Books {
 
 pub struct EmbeddedBus {
     books: Arc<Mutex<Books>>,
+    /// How long a fast path may wait for the books: one round.
+    fast_path_deadline: Duration,
     surface: Arc<DecisionSurface>,
     /// Woken when a fast path settles, for the requests that joined it.
     fast_path_done: tokio::sync::Notify,
-    /// Fast paths that could not take the books within D5's deadline.
+    /// Fast paths that could not take the books within a round.
     fast_path_deadline_missed: std::sync::atomic::AtomicU64,
     clock: Clock,
     policy: watch::Sender<Arc<PolicyIndex>>,
@@ -135,6 +138,7 @@ impl EmbeddedBus {
         };
         Self {
             books,
+            fast_path_deadline: round,
             surface,
             fast_path_done: tokio::sync::Notify::new(),
             fast_path_deadline_missed: Default::default(),
@@ -170,15 +174,26 @@ impl EmbeddedBus {
     }
 
     /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
-    /// fast path is a function call once it has the books; D5's 1 ms bounds the wait for
-    /// them (a round's tick holds them for its pass over the due keys), without blocking
-    /// the thread, and past it the request is a miss, as on NATS. Before stop 21 it
-    /// waited the pass out, blocking a worker thread, and joiners waited up to 100 ms.
+    /// fast path is a function call once it has the books, with no answer to wait for;
+    /// what it may wait for is the books themselves (a round's tick holds them for its
+    /// pass over the due keys), and that wait is bounded by one round, without blocking
+    /// the thread; past it the request is a miss. D5's 1 ms bounds an owner's answer
+    /// over the bus (`NodeBus`); here it turned CPU contention into 429s for keys far
+    /// under their limit (the HTTP bench: 10 of 13,890 at 3% of the limit). Before stop
+    /// 21 the wait was unbounded and blocked a worker thread, and joiners waited 100 ms.
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
             Decision::FastPath(need) if need.join => {
-                crate::bus::join_fast_path(&self.surface, &self.fast_path_done, now, need, policy)
-                    .await
+                let deadline = Instant::now() + self.fast_path_deadline;
+                crate::bus::join_fast_path(
+                    &self.surface,
+                    &self.fast_path_done,
+                    deadline,
+                    now,
+                    need,
+                    policy,
+                )
+                .await
             }
             Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
@@ -186,7 +201,7 @@ impl EmbeddedBus {
     }
 
     async fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
-        let deadline = Instant::now() + crate::bus::FAST_PATH_DEADLINE;
+        let deadline = Instant::now() + self.fast_path_deadline;
         let claim = self
             .surface
             .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
@@ -201,7 +216,7 @@ impl EmbeddedBus {
         claim.settle(now.wall_ms, policy, false)
     }
 
-    /// Fast paths that could not take the books within D5's deadline.
+    /// Fast paths that could not take the books within a round.
     pub fn fast_path_deadline_missed(&self) -> u64 {
         self.fast_path_deadline_missed
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -221,10 +236,10 @@ mod tests {
     use crate::surface::{DecisionSurface, SurfaceConfig};
     use bus_schemas::{NodeEpoch, NodeId, WindowSpec};
 
-    /// D5's deadline holds in one process too: while a round's tick (here a stand-in
-    /// holding the books for 300 ms) has the books, a fast path answers a miss at its
-    /// 1 ms instead of blocking its thread for the pass, and once they are free the
-    /// key's fast path goes through.
+    /// A fast path's wait for the books is bounded in one process too: while a round's
+    /// tick (here a stand-in holding them for 300 ms) has them, a fast path answers a
+    /// miss after a round (25 ms) instead of blocking its thread for the pass, and once
+    /// they are free the key's fast path goes through.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_books() {
         use bus_schemas::LimitReason;
@@ -265,9 +280,11 @@ mod tests {
         let took = asked.elapsed();
         assert!(
             matches!(decision, Decision::Deny(ref d) if d.reason == LimitReason::FastPathDeadline),
-            "{decision:?}"
+            "{decision:?} after {took:?}, missed {}",
+            bus.fast_path_deadline_missed()
         );
-        // The deadline is 1 ms; 100 ms leaves a noisy machine room and is a third of the hold.
+        // The bound is a round (25 ms); 100 ms leaves a noisy machine room and is a third
+        // of the hold.
         assert!(took < Duration::from_millis(100), "answered after {took:?}");
         assert_eq!(bus.fast_path_deadline_missed(), 1);
         holder.await.unwrap();
