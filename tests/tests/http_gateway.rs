@@ -814,3 +814,116 @@ async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
         .expect("the cut stream ends");
     assert!(read.is_err(), "a cut response read as complete");
 }
+
+/// Bodies with nothing in them (a 304 that names its resource's length, a 204) pass as
+/// the upstream sent them, over HTTP/1 and HTTP/2: the relay must report them ended, or
+/// hyper sent an empty DATA frame against the 304's `content-length` (a stream reset)
+/// and added `content-length: 0` to the 204.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_bodies_pass_as_the_upstream_sent_them() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    let answer: &[u8] = if buf[..n].starts_with(b"GET /304") {
+                        b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 204 No Content\r\n\r\n"
+                    };
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let gw = start_gateway(up, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    let h1 = plain_client();
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    for (name, client) in [("HTTP/1.1", &h1), ("HTTP/2", &h2)] {
+        for path in ["/304", "/204"] {
+            let req = http::Request::get(gw.url(path))
+                .header("authorization", format!("Bearer {}", key(0)))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+                .await
+                .expect("answered")
+                .unwrap_or_else(|e| panic!("{name} {path}: {e:?}"));
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await;
+            assert!(body.is_ok(), "{name} {path}: {body:?}");
+            assert_eq!(parts.status.as_str(), &path[1..], "{name}");
+            let length = parts.headers.get("content-length").map(|v| v.as_bytes());
+            // A 304 may keep its resource's length or drop it; a 204 carries none.
+            let want: &[Option<&[u8]>] = if path == "/304" {
+                &[Some(b"5"), None]
+            } else {
+                &[None]
+            };
+            assert!(want.contains(&length), "{name} {path}: {:?}", parts.headers);
+        }
+    }
+}
+
+/// A client that goes away while the upstream is quiet gives the upstream connection
+/// and its place back at once, not at the upstream timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_gives_its_upstream_back_at_once() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n")
+                    .await;
+                // Then nothing, as a long poll does.
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    let gw = start_gateway(
+        up,
+        "upstream.timeout_ms = 5000",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 256];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    drop(s);
+    let c = plain_client();
+    let gauge = || async {
+        get_once(&c, &gw.admin_url("/metrics"), None)
+            .await
+            .unwrap()
+            .2
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("foldgate_upstream_in_flight ")
+                    .map(str::to_string)
+            })
+    };
+    let t = Instant::now();
+    while gauge().await.as_deref() != Some("0") {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "still held after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

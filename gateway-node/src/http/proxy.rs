@@ -272,7 +272,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Either way the relay ends, dropping the upstream connection and the exchange's place
 /// under `max_in_flight`, and the client's stream ends in an error.
 pub struct UpstreamBody {
-    frames: tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>,
+    /// None once the body has ended whole, or from the start for a body with nothing in
+    /// it (HEAD, 204, 304): hyper must see those as ended (`is_end_stream`), or it sends
+    /// an empty DATA frame that contradicts a 304's `content-length` and resets the
+    /// HTTP/2 stream, and adds `content-length: 0` to a 204 or a HEAD answer.
+    frames: Option<tokio::sync::mpsc::Receiver<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>>,
     size_hint: hyper::body::SizeHint,
     /// Set by a relay that gave up with a frame it could not hand over: the end of the
     /// channel is then an error, not the end of the body (a truncated response must not
@@ -289,8 +293,16 @@ impl UpstreamBody {
     ) -> Self {
         use hyper::body::Body as _;
         let size_hint = inner.size_hint();
-        let (tx, frames) = tokio::sync::mpsc::channel(1);
         let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if inner.is_end_stream() {
+            // Nothing to relay; the upstream connection and the place go at once.
+            return Self {
+                frames: None,
+                size_hint,
+                cut,
+            };
+        }
+        let (tx, frames) = tokio::sync::mpsc::channel(1);
         tokio::spawn(relay(
             inner,
             tx,
@@ -300,7 +312,7 @@ impl UpstreamBody {
             Arc::clone(&cut),
         ));
         Self {
-            frames,
+            frames: Some(frames),
             size_hint,
             cut,
         }
@@ -318,7 +330,13 @@ async fn relay(
     use http_body_util::BodyExt;
     let _in_flight = in_flight;
     loop {
-        let frame = match tokio::time::timeout(idle, inner.frame()).await {
+        let next = tokio::select! {
+            next = tokio::time::timeout(idle, inner.frame()) => next,
+            // The client went away while the upstream was quiet: let go now, not at
+            // the upstream timeout.
+            () = tx.closed() => return,
+        };
+        let frame = match next {
             Ok(Some(Ok(frame))) => Ok(frame),
             Ok(Some(Err(e))) => Err(BoxError::from(e)),
             // The end: the upstream connection goes back to the pool.
@@ -348,12 +366,25 @@ impl hyper::body::Body for UpstreamBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        match self.frames.poll_recv(cx) {
-            std::task::Poll::Ready(None) if self.cut.load(std::sync::atomic::Ordering::Acquire) => {
-                std::task::Poll::Ready(Some(Err("the client took nothing for send_timeout".into())))
+        let Some(frames) = self.frames.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        match frames.poll_recv(cx) {
+            std::task::Poll::Ready(None) => {
+                if self.cut.load(std::sync::atomic::Ordering::Acquire) {
+                    return std::task::Poll::Ready(Some(Err(
+                        "the client took nothing for send_timeout".into(),
+                    )));
+                }
+                self.frames = None;
+                std::task::Poll::Ready(None)
             }
             other => other,
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_none()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
