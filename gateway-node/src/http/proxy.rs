@@ -26,6 +26,8 @@ pub enum UpstreamError {
     BadUrl(String),
     #[error("upstream.max_in_flight must be 1..={}", Semaphore::MAX_PERMITS)]
     InFlightOutOfRange,
+    #[error("server.send_timeout_ms must be at least 1: 0 would cut every write that waits")]
+    NoSendTimeout,
 }
 
 /// The `[upstream]` table: where requests go on to, and how long they may take.
@@ -106,6 +108,9 @@ impl Upstream {
         }
         if !(1..=Semaphore::MAX_PERMITS).contains(&settings.max_in_flight) {
             return Err(UpstreamError::InFlightOutOfRange);
+        }
+        if send_timeout.is_zero() {
+            return Err(UpstreamError::NoSendTimeout);
         }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)));
@@ -389,5 +394,28 @@ impl hyper::body::Body for UpstreamBody {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.size_hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_that_would_refuse_everything_are_refused() {
+        let ok = UpstreamSettings::default();
+        assert!(ok.build(Duration::from_secs(60)).is_ok());
+        let none_in_flight = UpstreamSettings {
+            max_in_flight: 0,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            none_in_flight.build(Duration::from_secs(60)),
+            Err(UpstreamError::InFlightOutOfRange)
+        ));
+        assert!(matches!(
+            ok.build(Duration::ZERO),
+            Err(UpstreamError::NoSendTimeout)
+        ));
     }
 }
