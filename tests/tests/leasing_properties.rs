@@ -297,3 +297,54 @@ fn a_lost_full_report_leaves_the_takeover_fence_up_until_one_arrives() {
         "the new owner knows node 0's credit"
     );
 }
+
+/// A node holding more lines for a shard than one batch carries sends its full report in
+/// chunks that agree on their round and count, and a new owner takes the acknowledgement
+/// only once every chunk is in: with the first chunk of the first full report lost, the
+/// node still owes one until its resend arrives whole.
+#[test]
+fn a_full_report_in_chunks_counts_only_when_every_chunk_arrives() {
+    let keys = 9_000;
+    let mut fleet = Fleet::new(1, keys);
+    for k in 0..keys as usize {
+        fleet.request(0, k);
+    }
+    settle(&mut fleet, 2, |_| false);
+    let lines = fleet.nodes[0].key_windows().count();
+    assert!(
+        lines > bus_schemas::limits::REPORT_ENTRIES_MAX,
+        "{lines} lines fit one batch"
+    );
+    fleet.change_owner();
+    // (round, index, count, lines) of every chunk of a full report, in the order sent.
+    let mut chunks: Vec<(u64, u32, u32, usize)> = Vec::new();
+    let mut lose = |m: &Msg| {
+        let Msg::Report(r) = m else { return false };
+        let Some(c) = r.full_report else { return false };
+        chunks.push((r.seq, c.index, c.count, r.entries.len()));
+        chunks.len() == 1
+    };
+    settle(&mut fleet, 4, &mut lose);
+    assert_eq!(fleet.nodes[0].full_reports_owed(), 1, "chunk 0 was lost");
+    settle(&mut fleet, 8, &mut lose);
+    assert_eq!(
+        fleet.nodes[0].full_reports_owed(),
+        0,
+        "the resend came whole"
+    );
+    assert_eq!(chunks.len(), 4, "{chunks:?}");
+    for report in chunks.chunks(2) {
+        let [(round_a, 0, 2, lines_a), (round_b, 1, 2, lines_b)] = report else {
+            panic!("{chunks:?}");
+        };
+        assert_eq!(round_a, round_b);
+        // The node's lines grow as windows turn over; a full report has them all.
+        assert_eq!(*lines_a, bus_schemas::limits::REPORT_ENTRIES_MAX);
+        assert!(
+            lines_a + lines_b >= lines,
+            "{lines_a} + {lines_b} of {lines}"
+        );
+    }
+    fleet.check_fleet_truth().unwrap();
+    fleet.owner.check_invariants().unwrap();
+}
