@@ -927,3 +927,62 @@ async fn a_client_that_goes_away_gives_its_upstream_back_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A client that stops sending its request body holds the exchange's place (the upstream
+/// connection is busy with the upload, whatever the response did) until
+/// `server.body_read_timeout_ms`, and then the upstream connection goes: before, the
+/// place went with the response and the upload held the connection for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        // An answer before the body is in, as an upstream that rejects early does.
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await;
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+        let _ = closed_tx.send(());
+    });
+    let gw = start_gateway(
+        up,
+        "server.body_read_timeout_ms = 500",
+        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+    )
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!(
+        "POST / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\ncontent-length: 1000\r\n\r\n0123456789",
+        key(0)
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 256];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    let c = plain_client();
+    let gauge = || async {
+        get_once(&c, &gw.admin_url("/metrics"), None)
+            .await
+            .unwrap()
+            .2
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("foldgate_upstream_in_flight ")
+                    .map(str::to_string)
+            })
+    };
+    assert_eq!(
+        gauge().await.as_deref(),
+        Some("1"),
+        "the upload holds its place"
+    );
+    tokio::time::timeout(Duration::from_secs(5), closed_rx)
+        .await
+        .expect("the upstream connection was let go")
+        .unwrap();
+    assert_eq!(gauge().await.as_deref(), Some("0"));
+    drop(s);
+}

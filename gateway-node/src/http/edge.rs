@@ -98,9 +98,7 @@ impl EdgeGuard {
     pub fn new(settings: &EdgeSettings) -> Result<Self, UpstreamError> {
         Ok(Self {
             metrics: GatewayMetrics::default(),
-            upstream: settings
-                .upstream
-                .build(settings.server.limits().send_timeout)?,
+            upstream: settings.upstream.build(&settings.server.limits())?,
             ids: CorrelationIds::default(),
             key_hash: std::collections::hash_map::RandomState::new(),
             floor: Backstop::new(),

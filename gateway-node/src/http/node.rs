@@ -381,9 +381,7 @@ impl NodeGateway {
             metrics: GatewayMetrics::default(),
             hasher: settings.hasher()?,
             ids: CorrelationIds::default(),
-            upstream: settings
-                .upstream
-                .build(settings.server.limits().send_timeout)?,
+            upstream: settings.upstream.build(&settings.server.limits())?,
             clock,
             limiter_enabled: settings.limiter_enabled,
         })

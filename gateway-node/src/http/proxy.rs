@@ -26,7 +26,10 @@ pub enum UpstreamError {
     BadUrl(String),
     #[error("upstream.max_in_flight must be 1..={}", Semaphore::MAX_PERMITS)]
     InFlightOutOfRange,
-    #[error("server.send_timeout_ms must be at least 1: 0 would cut every write that waits")]
+    #[error(
+        "server.send_timeout_ms and body_read_timeout_ms must be at least 1: 0 would cut \
+         every write or read that waits"
+    )]
     NoSendTimeout,
 }
 
@@ -59,10 +62,10 @@ impl Default for UpstreamSettings {
 }
 
 impl UpstreamSettings {
-    /// `send_timeout`: the server's bound on a client that stops taking a response
-    /// (`ServerLimits::send_timeout`), held here per response stream.
-    pub fn build(&self, send_timeout: Duration) -> Result<Upstream, UpstreamError> {
-        Upstream::new(self, send_timeout)
+    /// `client`: the server's bounds on a client that stops taking a response or stops
+    /// sending its request's body (`ServerLimits`), held here per exchange.
+    pub fn build(&self, client: &super::server::ServerLimits) -> Result<Upstream, UpstreamError> {
+        Upstream::new(self, client.send_timeout, client.body_read_timeout)
     }
 }
 
@@ -71,9 +74,10 @@ impl UpstreamSettings {
 pub struct Upstream {
     targets: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, ClientBody>,
     timeout: Duration,
     send_timeout: Duration,
+    body_read_timeout: Duration,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
 }
@@ -91,7 +95,11 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 impl Upstream {
-    pub fn new(settings: &UpstreamSettings, send_timeout: Duration) -> Result<Self, UpstreamError> {
+    pub fn new(
+        settings: &UpstreamSettings,
+        send_timeout: Duration,
+        body_read_timeout: Duration,
+    ) -> Result<Self, UpstreamError> {
         let targets = settings
             .urls
             .iter()
@@ -109,7 +117,7 @@ impl Upstream {
         if !(1..=Semaphore::MAX_PERMITS).contains(&settings.max_in_flight) {
             return Err(UpstreamError::InFlightOutOfRange);
         }
-        if send_timeout.is_zero() {
+        if send_timeout.is_zero() || body_read_timeout.is_zero() {
             return Err(UpstreamError::NoSendTimeout);
         }
         let mut connector = HttpConnector::new();
@@ -125,6 +133,7 @@ impl Upstream {
             client,
             timeout: Duration::from_millis(settings.timeout_ms),
             send_timeout,
+            body_read_timeout,
             in_flight: Arc::new(Semaphore::new(settings.max_in_flight)),
             max_in_flight: settings.max_in_flight,
         })
@@ -199,6 +208,11 @@ impl Upstream {
         for (k, v) in extra {
             h.insert(k.clone(), v.clone());
         }
+        // The place is shared by the request body on its way up and the response body on
+        // its way down, and goes when both are done.
+        let permit = Arc::new(permit);
+        let body_read_timeout = self.body_read_timeout;
+        let req = req.map(|body| ClientBody::new(body, body_read_timeout, Arc::clone(&permit)));
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
@@ -266,6 +280,76 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A client's request body on its way upstream, given up when no part of it comes for
+/// `idle` (`ServerLimits::body_read_timeout`, nginx's `client_body_timeout`): a client
+/// uploading slowly held an upstream connection for as long as it liked, and, once the
+/// upstream had answered, no place under `max_in_flight` at all. It holds its share of
+/// the exchange's place until it is done or dropped.
+pub struct ClientBody {
+    inner: Incoming,
+    idle: Duration,
+    /// Since the current read began to wait; none while bytes come.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    in_flight: Option<Arc<OwnedSemaphorePermit>>,
+}
+
+impl ClientBody {
+    fn new(inner: Incoming, idle: Duration, in_flight: Arc<OwnedSemaphorePermit>) -> Self {
+        Self {
+            inner,
+            idle,
+            stalled: None,
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+impl hyper::body::Body for ClientBody {
+    type Data = bytes::Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::future::Future;
+        use std::task::Poll;
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(r)) => {
+                this.stalled = None;
+                Poll::Ready(Some(r.map_err(BoxError::from)))
+            }
+            Poll::Ready(None) => {
+                this.stalled = None;
+                this.in_flight = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let idle = this.idle;
+                let timer = this
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => {
+                        this.in_flight = None;
+                        Poll::Ready(Some(Err("the client's request body stalled".into())))
+                    }
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// An upstream response's body, moved by a task of its own (`relay`) through a channel of
 /// one frame, so both of its bounds hold whichever side stalls:
 /// - the upstream: no frame for `idle` (the upstream timeout, which bounds the wait for
@@ -294,7 +378,7 @@ impl UpstreamBody {
         inner: Incoming,
         idle: Duration,
         send_timeout: Duration,
-        in_flight: OwnedSemaphorePermit,
+        in_flight: Arc<OwnedSemaphorePermit>,
     ) -> Self {
         use hyper::body::Body as _;
         let size_hint = inner.size_hint();
@@ -329,7 +413,7 @@ async fn relay(
     tx: tokio::sync::mpsc::Sender<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>,
     idle: Duration,
     send_timeout: Duration,
-    in_flight: OwnedSemaphorePermit,
+    in_flight: Arc<OwnedSemaphorePermit>,
     cut: Arc<std::sync::atomic::AtomicBool>,
 ) {
     use http_body_util::BodyExt;
@@ -403,19 +487,29 @@ mod tests {
 
     #[test]
     fn bounds_that_would_refuse_everything_are_refused() {
+        use super::super::server::ServerLimits;
+        let limits = ServerLimits::default();
         let ok = UpstreamSettings::default();
-        assert!(ok.build(Duration::from_secs(60)).is_ok());
+        assert!(ok.build(&limits).is_ok());
         let none_in_flight = UpstreamSettings {
             max_in_flight: 0,
             ..ok.clone()
         };
         assert!(matches!(
-            none_in_flight.build(Duration::from_secs(60)),
+            none_in_flight.build(&limits),
             Err(UpstreamError::InFlightOutOfRange)
         ));
-        assert!(matches!(
-            ok.build(Duration::ZERO),
-            Err(UpstreamError::NoSendTimeout)
-        ));
+        for zero in [
+            ServerLimits {
+                send_timeout: Duration::ZERO,
+                ..limits
+            },
+            ServerLimits {
+                body_read_timeout: Duration::ZERO,
+                ..limits
+            },
+        ] {
+            assert!(matches!(ok.build(&zero), Err(UpstreamError::NoSendTimeout)));
+        }
     }
 }

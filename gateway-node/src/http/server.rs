@@ -38,6 +38,7 @@ pub struct ServerSettings {
     pub h2_max_concurrent_streams: u32,
     pub drain_ms: u64,
     pub send_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
 }
 
 impl Default for ServerSettings {
@@ -52,6 +53,7 @@ impl Default for ServerSettings {
             h2_max_concurrent_streams: limits.h2_max_concurrent_streams,
             drain_ms: limits.drain.as_millis() as u64,
             send_timeout_ms: limits.send_timeout.as_millis() as u64,
+            body_read_timeout_ms: limits.body_read_timeout.as_millis() as u64,
         }
     }
 }
@@ -65,6 +67,7 @@ impl ServerSettings {
             h2_max_concurrent_streams: self.h2_max_concurrent_streams,
             drain: Duration::from_millis(self.drain_ms),
             send_timeout: Duration::from_millis(self.send_timeout_ms),
+            body_read_timeout: Duration::from_millis(self.body_read_timeout_ms),
         }
     }
 
@@ -89,6 +92,10 @@ pub struct ServerLimits {
     /// stops reading a response held its slot, the upstream connection the response
     /// streams from and its place under `upstream.max_in_flight` for good.
     pub send_timeout: Duration,
+    /// A request body may go this long without a byte from the client (nginx's
+    /// `client_body_timeout`, with its default); then the exchange is given up. A client
+    /// uploading slowly held an upstream connection for as long as it liked.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerLimits {
@@ -100,6 +107,7 @@ impl Default for ServerLimits {
             h2_max_concurrent_streams: 256,
             drain: Duration::from_secs(5),
             send_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(60),
         }
     }
 }
