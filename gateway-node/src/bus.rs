@@ -140,10 +140,8 @@ fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> 
 /// round's tick holds it for its whole pass over the due keys, and a fast path that
 /// waited the pass out on a worker thread missed its hard 1 ms deadline (D5) by however
 /// long the pass took. Past the deadline the request is a miss, as a late reply is.
-/// (The embedded runtime's books too, with a longer deadline.) It yields to the runtime
-/// between tries rather than sleeping: the holder may be a task blocked on this lock on
-/// a worker, and a timer then fired only once the lock was free (a 25 ms bound waited
-/// out a 300 ms hold in the embedded test).
+/// It yields to the runtime between tries: for 1 ms that costs less than a wake-up from
+/// every holder (the embedded runtime, waiting up to a round, is woken instead).
 pub(crate) async fn lock_by<T>(
     limiter: &Mutex<T>,
     deadline: Instant,

@@ -8,7 +8,7 @@
 //! between them in both directions; it is held for state-machine calls only, never across
 //! an await, and the decision surface beside it never takes it (D4). A fast path takes it
 //! only if it can within a round (`EmbeddedBus::fast_path_deadline`), without blocking
-//! its thread (`bus::lock_by`).
+//! its thread: it waits to be told the books are free (`EmbeddedBus::books_by`).
 
 use std::time::Instant;
 
@@ -88,6 +88,8 @@ impl Books {
 
 pub struct EmbeddedBus {
     books: Arc<Mutex<Books>>,
+    /// Woken whenever a holder lets go of the books, for the fast paths waiting on them.
+    books_free: Arc<tokio::sync::Notify>,
     /// How long a fast path may wait for the books: one round.
     fast_path_deadline: Duration,
     surface: Arc<DecisionSurface>,
@@ -130,14 +132,21 @@ impl EmbeddedBus {
         let surface = Arc::clone(node.surface());
         let books = Arc::new(Mutex::new(Books { node, owners }));
         let round = Duration::from_millis(u64::from(config.round_ms));
+        let books_free = Arc::new(tokio::sync::Notify::new());
         let tick = {
-            let (books, clock) = (Arc::clone(&books), Arc::clone(&clock));
+            let (books, clock, free) = (
+                Arc::clone(&books),
+                Arc::clone(&clock),
+                Arc::clone(&books_free),
+            );
             tokio::spawn(crate::bus::each_round(round, shutdown, move || {
-                lock(&books).round(clock())
+                lock(&books).round(clock());
+                free.notify_waiters();
             }))
         };
         Self {
             books,
+            books_free,
             fast_path_deadline: round,
             surface,
             fast_path_done: tokio::sync::Notify::new(),
@@ -157,6 +166,7 @@ impl EmbeddedBus {
         lock(&self.books)
             .node
             .handle_policy((self.clock)(), index.version, |k| index.get(k).copied());
+        self.books_free.notify_waiters();
         self.policy.send_replace(Arc::new(index));
         true
     }
@@ -170,7 +180,26 @@ impl EmbeddedBus {
     }
 
     pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
-        f(&mut lock(&self.books).node)
+        let r = f(&mut lock(&self.books).node);
+        self.books_free.notify_waiters();
+        r
+    }
+
+    /// The books if they can be had by `deadline`, without blocking the thread: each try
+    /// that finds them held waits for a holder to let go (`books_free`), not spinning.
+    async fn books_by(&self, deadline: Instant) -> Option<MutexGuard<'_, Books>> {
+        loop {
+            // Armed before the try, so a release in between still wakes us.
+            let freed = self.books_free.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.books.try_lock() {
+                Ok(guard) => return Some(guard),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            crate::deadline::within(deadline, freed).await?;
+        }
     }
 
     /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
@@ -205,7 +234,7 @@ impl EmbeddedBus {
         let claim = self
             .surface
             .claim_fast_path(need.key, || self.fast_path_done.notify_waiters());
-        let Some(mut b) = crate::bus::lock_by(&self.books, deadline).await else {
+        let Some(mut b) = self.books_by(deadline).await else {
             self.fast_path_deadline_missed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return claim.settle(now.wall_ms, policy, true);
@@ -213,6 +242,7 @@ impl EmbeddedBus {
         b.node.handle_fast_path_need(now, need);
         b.exchange(now, Check::Touched);
         drop(b);
+        self.books_free.notify_waiters();
         claim.settle(now.wall_ms, policy, false)
     }
 
@@ -291,6 +321,62 @@ mod tests {
         // The key's round of fast path was spent on the miss (D5: one a round).
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert_eq!(bus.decide_at(key, &policy, clock()).await, Decision::Admit);
+    }
+
+    /// A fast path that finds the books held is woken when the holder lets go, within its
+    /// round: a 10 ms hold delays it by that much, and it goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fast_path_waiting_for_the_books_is_woken_when_they_are_free() {
+        let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
+        // Second-long rounds: no round's tick lets go of the books (and wakes the
+        // waiter) within the test, so only the holder's release can.
+        let config = NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            round_ms: 1_000,
+            ..NodeConfig::reference(NodeId(0))
+        };
+        let clock = crate::http::node::system_clock();
+        let node = NodeLimiter::new(config, Arc::clone(&surface), NodeEpoch(1), clock());
+        let (_stop_tx, stop) = watch::channel(false);
+        let bus = Arc::new(EmbeddedBus::start(node, Arc::clone(&clock), stop));
+        let policy = KeyPolicy::new(
+            &[WindowSpec {
+                length_ms: 60_000,
+                limit: 1_000,
+            }],
+            1_000,
+        )
+        .unwrap();
+        // Past the start's first round.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let key = KeyId {
+            version: 1,
+            digest: 0xbeef_u128 << 64 | 1,
+        };
+        let held = Arc::clone(&bus);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = tokio::task::spawn_blocking(move || {
+            held.with_limiter(|_| {
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(10));
+            })
+        });
+        locked_rx.recv().unwrap();
+        let asked = Instant::now();
+        let decision = bus.decide_at(key, &policy, clock()).await;
+        let took = asked.elapsed();
+        assert_eq!(decision, Decision::Admit, "after {took:?}");
+        assert!(
+            took >= Duration::from_millis(5),
+            "{took:?}: the books were held"
+        );
+        assert!(
+            took < Duration::from_millis(200),
+            "{took:?}: woken by the release"
+        );
+        assert_eq!(bus.fast_path_deadline_missed(), 0);
+        holder.await.unwrap();
     }
 
     /// The false 429s of the issue-5 bench (BENCHMARKS.md): on a CPU-starved node the
