@@ -6,12 +6,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use foldgate_tests::http::{key, policy, start_gateway, start_upstream};
+use foldgate_tests::http::{TestGateway, key, policy, start_gateway, start_upstream};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use ops::http_tools::{get_once, plain_client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A plan no test's requests come near: 100 a second, 1,000 a minute.
+const EASY: &[(u32, u64)] = &[(1_000, 100), (60_000, 1_000)];
+
+/// The gateway's `foldgate_upstream_in_flight` gauge, as its admin listener reports it.
+async fn upstream_in_flight(gw: &TestGateway) -> Option<String> {
+    get_once(&plain_client(), &gw.admin_url("/metrics"), None)
+        .await
+        .unwrap()
+        .2
+        .lines()
+        .find_map(|l| l.strip_prefix("foldgate_upstream_in_flight "))
+        .map(|v| v.trim().to_string())
+}
+
+/// Sends `request` (raw HTTP/1.1) to the gateway and reads the head of a 200 back; the
+/// connection stays open for the test to hold or drop.
+async fn a_200_head(gw: &TestGateway, request: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut head = [0u8; 256];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    s
+}
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
@@ -240,7 +265,7 @@ async fn bad_input_is_bounded_oversized_slow_and_upstream_down() {
     let (dead, dead_stop) = start_upstream(0).await;
     drop(dead_stop);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let down = start_gateway(dead, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    let down = start_gateway(dead, "", &policy(1, EASY)).await;
     let c = plain_client();
     let t = Instant::now();
     let (status, h, body) = get_once(&c, &down.url("/"), Some(&key(0))).await.unwrap();
@@ -248,12 +273,7 @@ async fn bad_input_is_bounded_oversized_slow_and_upstream_down() {
     assert!(t.elapsed() < Duration::from_secs(2));
     assert!(h.contains_key("x-request-id"));
     let (slow, _slow_stop) = start_upstream(3_000).await;
-    let slow_gw = start_gateway(
-        slow,
-        "upstream.timeout_ms = 300",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
-    )
-    .await;
+    let slow_gw = start_gateway(slow, "upstream.timeout_ms = 300", &policy(1, EASY)).await;
     let t = Instant::now();
     let (status, _, _) = get_once(&c, &slow_gw.url("/"), Some(&key(0)))
         .await
@@ -496,7 +516,7 @@ async fn a_silent_connection_gives_its_slot_back_at_the_head_bound() {
     let gw = start_gateway(
         up,
         "[server]\nmax_connections = 1\nheader_read_timeout_ms = 300",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
+        &policy(1, EASY),
     )
     .await;
     let mut silent = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
@@ -563,7 +583,7 @@ async fn a_header_named_by_connection_cannot_hide_the_key_from_the_edge_floor() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_open_admit_is_marked_degraded() {
     let (up, _up_stop) = start_upstream(0).await;
-    let gw = start_gateway(up, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    let gw = start_gateway(up, "", &policy(1, EASY)).await;
     gw.gateway.runtime.surface().set_fault(true);
     let (status, headers, body) = get_once(&plain_client(), &gw.url("/"), Some(&key(0)))
         .await
@@ -594,12 +614,7 @@ async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
             });
         }
     });
-    let gw = start_gateway(
-        up,
-        "upstream.timeout_ms = 300",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
-    )
-    .await;
+    let gw = start_gateway(up, "upstream.timeout_ms = 300", &policy(1, EASY)).await;
     let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
     s.write_all(req.as_bytes()).await.unwrap();
@@ -631,14 +646,7 @@ async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
     let (up, _up_stop) = start_upstream(1_500).await;
-    let gw = Arc::new(
-        start_gateway(
-            up,
-            "upstream.max_in_flight = 2",
-            &policy(4, &[(1_000, 100), (60_000, 1_000)]),
-        )
-        .await,
-    );
+    let gw = Arc::new(start_gateway(up, "upstream.max_in_flight = 2", &policy(4, EASY)).await);
     let c = plain_client();
     let slow: Vec<_> = (0..2)
         .map(|i| {
@@ -647,16 +655,7 @@ async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let gauge = |text: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("foldgate_upstream_in_flight "))
-            .map(|v| v.trim().to_string())
-    };
-    let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
-        .await
-        .unwrap()
-        .2;
-    assert_eq!(gauge(&metrics).as_deref(), Some("2"), "{metrics}");
+    assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("2"));
     let t = Instant::now();
     let (status, _, body) = get_once(&c, &gw.url("/"), Some(&key(2))).await.unwrap();
     assert_eq!(status.as_u16(), 503, "{body}");
@@ -671,11 +670,11 @@ async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
     }
     let (status, _, _) = get_once(&c, &gw.url("/"), Some(&key(3))).await.unwrap();
     assert_eq!(status.as_u16(), 200, "the places came back");
+    assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
     let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
         .await
         .unwrap()
         .2;
-    assert_eq!(gauge(&metrics).as_deref(), Some("0"), "{metrics}");
     assert!(
         metrics.contains("foldgate_requests_total{outcome=\"upstream_overloaded\"} 1"),
         "{metrics}"
@@ -703,18 +702,9 @@ async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
         }
         let _ = closed_tx.send(Instant::now());
     });
-    let gw = start_gateway(
-        up,
-        "server.send_timeout_ms = 300",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
-    )
-    .await;
-    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 64];
-    let n = s.read(&mut head).await.unwrap();
-    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    let gw = start_gateway(up, "server.send_timeout_ms = 300", &policy(1, EASY)).await;
+    let get = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
+    let s = a_200_head(&gw, &get).await;
     // The client reads nothing more. The buffers fill, the gateway's write waits, and
     // 300 ms later the connection goes, and the upstream connection with it.
     let t = Instant::now();
@@ -723,14 +713,7 @@ async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
         .expect("the upstream connection was let go")
         .unwrap();
     assert!(closed_at.duration_since(t) < Duration::from_secs(5));
-    let metrics = get_once(&plain_client(), &gw.admin_url("/metrics"), None)
-        .await
-        .unwrap()
-        .2;
-    assert!(
-        metrics.contains("\nfoldgate_upstream_in_flight 0\n"),
-        "{metrics}"
-    );
+    assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
     drop(s);
 }
 
@@ -772,7 +755,7 @@ async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
     let gw = start_gateway(
         up,
         "server.send_timeout_ms = 300\nupstream.max_in_flight = 1",
-        &policy(2, &[(1_000, 100), (60_000, 1_000)]),
+        &policy(2, EASY),
     )
     .await;
     let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
@@ -790,16 +773,8 @@ async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
         .await
         .expect("the upstream connection was let go")
         .unwrap();
-    let c = plain_client();
-    let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
-        .await
-        .unwrap()
-        .2;
-    assert!(
-        metrics.contains("\nfoldgate_upstream_in_flight 0\n"),
-        "{metrics}"
-    );
-    let (status, _, body) = get_once(&c, &gw.url("/small"), Some(&key(1)))
+    assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
+    let (status, _, body) = get_once(&plain_client(), &gw.url("/small"), Some(&key(1)))
         .await
         .unwrap();
     assert_eq!(
@@ -843,7 +818,7 @@ async fn empty_bodies_pass_as_the_upstream_sent_them() {
             });
         }
     });
-    let gw = start_gateway(up, "", &policy(1, &[(1_000, 100), (60_000, 1_000)])).await;
+    let gw = start_gateway(up, "", &policy(1, EASY)).await;
     let h1 = plain_client();
     let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .http2_only(true)
@@ -892,33 +867,11 @@ async fn a_client_that_goes_away_gives_its_upstream_back_at_once() {
             });
         }
     });
-    let gw = start_gateway(
-        up,
-        "upstream.timeout_ms = 5000",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
-    )
-    .await;
-    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 256];
-    let n = s.read(&mut head).await.unwrap();
-    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
-    drop(s);
-    let c = plain_client();
-    let gauge = || async {
-        get_once(&c, &gw.admin_url("/metrics"), None)
-            .await
-            .unwrap()
-            .2
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("foldgate_upstream_in_flight ")
-                    .map(str::to_string)
-            })
-    };
+    let gw = start_gateway(up, "upstream.timeout_ms = 5000", &policy(1, EASY)).await;
+    let get = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
+    drop(a_200_head(&gw, &get).await);
     let t = Instant::now();
-    while gauge().await.as_deref() != Some("0") {
+    while upstream_in_flight(&gw).await.as_deref() != Some("0") {
         assert!(
             t.elapsed() < Duration::from_secs(2),
             "still held after {:?}",
@@ -947,35 +900,14 @@ async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
         while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
         let _ = closed_tx.send(());
     });
-    let gw = start_gateway(
-        up,
-        "server.body_read_timeout_ms = 500",
-        &policy(1, &[(1_000, 100), (60_000, 1_000)]),
-    )
-    .await;
-    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let req = format!(
+    let gw = start_gateway(up, "server.body_read_timeout_ms = 500", &policy(1, EASY)).await;
+    let post = format!(
         "POST / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\ncontent-length: 1000\r\n\r\n0123456789",
         key(0)
     );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 256];
-    let n = s.read(&mut head).await.unwrap();
-    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
-    let c = plain_client();
-    let gauge = || async {
-        get_once(&c, &gw.admin_url("/metrics"), None)
-            .await
-            .unwrap()
-            .2
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("foldgate_upstream_in_flight ")
-                    .map(str::to_string)
-            })
-    };
+    let s = a_200_head(&gw, &post).await;
     assert_eq!(
-        gauge().await.as_deref(),
+        upstream_in_flight(&gw).await.as_deref(),
         Some("1"),
         "the upload holds its place"
     );
@@ -983,6 +915,6 @@ async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
         .await
         .expect("the upstream connection was let go")
         .unwrap();
-    assert_eq!(gauge().await.as_deref(), Some("0"));
+    assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
     drop(s);
 }
