@@ -266,6 +266,42 @@ mod tests {
     use crate::surface::{DecisionSurface, SurfaceConfig};
     use bus_schemas::{NodeEpoch, NodeId, WindowSpec};
 
+    /// A one-node embedded bus on the system clock with `round_ms` rounds, and a key of
+    /// its own; the stop sender keeps it running.
+    fn started(
+        round_ms: u32,
+        digest: u128,
+    ) -> (Arc<EmbeddedBus>, Clock, KeyId, watch::Sender<bool>) {
+        let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
+        let config = NodeConfig {
+            fleet_size: 1,
+            shards: 1,
+            round_ms,
+            ..NodeConfig::reference(NodeId(0))
+        };
+        let clock = crate::http::node::system_clock();
+        let node = NodeLimiter::new(config, Arc::clone(&surface), NodeEpoch(1), clock());
+        let (stop_tx, stop) = watch::channel(false);
+        let bus = Arc::new(EmbeddedBus::start(node, Arc::clone(&clock), stop));
+        let key = KeyId { version: 1, digest };
+        (bus, clock, key, stop_tx)
+    }
+
+    /// Holds the books for `hold` on a blocking thread, as a round's long pass would;
+    /// returns once they are held.
+    fn hold_books(bus: &Arc<EmbeddedBus>, hold: Duration) -> tokio::task::JoinHandle<()> {
+        let held = Arc::clone(bus);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = tokio::task::spawn_blocking(move || {
+            held.with_limiter(|_| {
+                locked_tx.send(()).unwrap();
+                std::thread::sleep(hold);
+            })
+        });
+        locked_rx.recv().unwrap();
+        holder
+    }
+
     /// A fast path's wait for the books is bounded in one process too: while a round's
     /// tick (here a stand-in holding them for 300 ms) has them, a fast path answers a
     /// miss after a round (25 ms) instead of blocking its thread for the pass, and once
@@ -274,16 +310,7 @@ mod tests {
     async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_books() {
         use bus_schemas::LimitReason;
 
-        let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
-        let config = NodeConfig {
-            fleet_size: 1,
-            shards: 1,
-            ..NodeConfig::reference(NodeId(0))
-        };
-        let clock = crate::http::node::system_clock();
-        let node = NodeLimiter::new(config, Arc::clone(&surface), NodeEpoch(1), clock());
-        let (_stop_tx, stop) = watch::channel(false);
-        let bus = Arc::new(EmbeddedBus::start(node, Arc::clone(&clock), stop));
+        let (bus, clock, key, _stop) = started(25, 0xdead_u128 << 64 | 1);
         let policy = KeyPolicy::new(
             &[WindowSpec {
                 length_ms: 1_000,
@@ -292,19 +319,7 @@ mod tests {
             25,
         )
         .unwrap();
-        let key = KeyId {
-            version: 1,
-            digest: 0xdead_u128 << 64 | 1,
-        };
-        let held = Arc::clone(&bus);
-        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-        let holder = tokio::task::spawn_blocking(move || {
-            held.with_limiter(|_| {
-                locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(300));
-            })
-        });
-        locked_rx.recv().unwrap();
+        let holder = hold_books(&bus, Duration::from_millis(300));
         let asked = Instant::now();
         let decision = bus.decide_at(key, &policy, clock()).await;
         let took = asked.elapsed();
@@ -327,19 +342,9 @@ mod tests {
     /// round: a 10 ms hold delays it by that much, and it goes through.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fast_path_waiting_for_the_books_is_woken_when_they_are_free() {
-        let surface = Arc::new(DecisionSurface::new(SurfaceConfig::default()));
         // Second-long rounds: no round's tick lets go of the books (and wakes the
         // waiter) within the test, so only the holder's release can.
-        let config = NodeConfig {
-            fleet_size: 1,
-            shards: 1,
-            round_ms: 1_000,
-            ..NodeConfig::reference(NodeId(0))
-        };
-        let clock = crate::http::node::system_clock();
-        let node = NodeLimiter::new(config, Arc::clone(&surface), NodeEpoch(1), clock());
-        let (_stop_tx, stop) = watch::channel(false);
-        let bus = Arc::new(EmbeddedBus::start(node, Arc::clone(&clock), stop));
+        let (bus, clock, key, _stop) = started(1_000, 0xbeef_u128 << 64 | 1);
         let policy = KeyPolicy::new(
             &[WindowSpec {
                 length_ms: 60_000,
@@ -350,19 +355,7 @@ mod tests {
         .unwrap();
         // Past the start's first round.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let key = KeyId {
-            version: 1,
-            digest: 0xbeef_u128 << 64 | 1,
-        };
-        let held = Arc::clone(&bus);
-        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-        let holder = tokio::task::spawn_blocking(move || {
-            held.with_limiter(|_| {
-                locked_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(10));
-            })
-        });
-        locked_rx.recv().unwrap();
+        let holder = hold_books(&bus, Duration::from_millis(10));
         let asked = Instant::now();
         let decision = bus.decide_at(key, &policy, clock()).await;
         let took = asked.elapsed();
