@@ -159,17 +159,18 @@ pub(crate) async fn lock_by<T>(
     }
 }
 
-/// Waits, until the `deadline` its own fast path would have had, for the request that is
+/// Waits, at most the `wait` its own fast path would have had, for the request that is
 /// asking the owner for this key (it wakes `done` when it settles); then decides on what
 /// it brought. Shared by both runtimes.
 pub(crate) async fn join_fast_path(
     surface: &DecisionSurface,
     done: &tokio::sync::Notify,
-    deadline: Instant,
+    wait: Duration,
     now: Now,
     need: crate::surface::FastPathNeed,
     policy: &KeyPolicy,
 ) -> Decision {
+    let deadline = Instant::now() + wait;
     let mut missed = false;
     loop {
         // Armed before the check, so an answer landing in between still wakes us.
@@ -385,28 +386,13 @@ impl NodeBus {
     /// books the request (the oracle in `bench fleet`) books it where it was charged.
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
-            Decision::FastPath(need) if need.join => self.join_fast_path(now, need, policy).await,
+            Decision::FastPath(need) if need.join => {
+                let (surface, done) = (&self.surface, &self.fast_path_done);
+                join_fast_path(surface, done, FAST_PATH_DEADLINE, now, need, policy).await
+            }
             Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
         }
-    }
-
-    async fn join_fast_path(
-        &self,
-        now: Now,
-        need: crate::surface::FastPathNeed,
-        policy: &KeyPolicy,
-    ) -> Decision {
-        let deadline = Instant::now() + FAST_PATH_DEADLINE;
-        join_fast_path(
-            &self.surface,
-            &self.fast_path_done,
-            deadline,
-            now,
-            need,
-            policy,
-        )
-        .await
     }
 
     async fn fast_path(

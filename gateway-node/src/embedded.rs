@@ -213,16 +213,9 @@ impl EmbeddedBus {
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
         match self.surface.decide(key, now.wall_ms, policy) {
             Decision::FastPath(need) if need.join => {
-                let deadline = Instant::now() + self.fast_path_deadline;
-                crate::bus::join_fast_path(
-                    &self.surface,
-                    &self.fast_path_done,
-                    deadline,
-                    now,
-                    need,
-                    policy,
-                )
-                .await
+                let (surface, done) = (&self.surface, &self.fast_path_done);
+                let wait = self.fast_path_deadline;
+                crate::bus::join_fast_path(surface, done, wait, now, need, policy).await
             }
             Decision::FastPath(need) => self.fast_path(now, need, policy).await,
             d => d,
