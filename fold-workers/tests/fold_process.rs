@@ -4,6 +4,8 @@
 //! grants sized by it, drops garbage whole, and serves its bus metrics on
 //! `--metrics-listen`.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -184,15 +186,9 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
                 owner_seen[shard as usize],
                 now_ms(),
                 vec![ReportEntry {
-                    key_window,
-                    allowance: 1_000,
-                    cumulative_spend: 0,
                     // 1,000 a round: unbounded by the policy, a grant would be ~980.
                     demand: 1_000_000,
-                    held_credit: 0,
-                    applied_grant: 0,
-                    returned: 0,
-                    self_granted: 0,
+                    ..common::line(key_window, 1_000)
                 }],
             );
             client
