@@ -287,9 +287,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// the exchange's place until it is done or dropped.
 pub struct ClientBody {
     inner: Incoming,
-    idle: Duration,
-    /// Since the current read began to wait; none while bytes come.
-    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    stall: super::server::Stall,
     in_flight: Option<Arc<OwnedSemaphorePermit>>,
 }
 
@@ -297,8 +295,7 @@ impl ClientBody {
     fn new(inner: Incoming, idle: Duration, in_flight: Arc<OwnedSemaphorePermit>) -> Self {
         Self {
             inner,
-            idle,
-            stalled: None,
+            stall: super::server::Stall::new(idle),
             in_flight: Some(in_flight),
         }
     }
@@ -312,32 +309,23 @@ impl hyper::body::Body for ClientBody {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        use std::future::Future;
         use std::task::Poll;
         let this = self.get_mut();
         match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(r)) => {
-                this.stalled = None;
+                this.stall.progress();
                 Poll::Ready(Some(r.map_err(BoxError::from)))
             }
             Poll::Ready(None) => {
-                this.stalled = None;
+                this.stall.progress();
                 this.in_flight = None;
                 Poll::Ready(None)
             }
-            Poll::Pending => {
-                let idle = this.idle;
-                let timer = this
-                    .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
-                match timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        this.in_flight = None;
-                        Poll::Ready(Some(Err("the client's request body stalled".into())))
-                    }
-                    Poll::Pending => Poll::Pending,
-                }
+            Poll::Pending if this.stall.expired(cx) => {
+                this.in_flight = None;
+                Poll::Ready(Some(Err("the client's request body stalled".into())))
             }
+            Poll::Pending => Poll::Pending,
         }
     }
 

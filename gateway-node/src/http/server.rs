@@ -190,36 +190,58 @@ pub async fn serve<H, F>(
 /// (`ServerLimits::send_timeout`); reads pass through.
 struct SendTimeout<S> {
     inner: S,
-    limit: Duration,
-    /// Since the current write began to wait; none while writes go through.
-    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    stall: Stall,
 }
 
 impl<S> SendTimeout<S> {
     fn new(inner: S, limit: Duration) -> Self {
         Self {
             inner,
-            limit,
-            stalled: None,
+            stall: Stall::new(limit),
         }
     }
 
     fn bounded<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         if r.is_ready() {
-            self.stalled = None;
+            self.stall.progress();
             return r;
         }
-        let limit = self.limit;
-        let timer = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+        if self.stall.expired(cx) {
+            return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the client took no bytes for send_timeout",
-            ))),
-            Poll::Pending => Poll::Pending,
+            )));
         }
+        Poll::Pending
+    }
+}
+
+/// A bound on how long polls may stay Pending in a row: `SendTimeout`'s writes and a
+/// request body's reads (`proxy::ClientBody`). The first Pending arms it, any progress
+/// clears it.
+pub(crate) struct Stall {
+    limit: Duration,
+    since: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stall {
+    pub(crate) fn new(limit: Duration) -> Self {
+        Self { limit, since: None }
+    }
+
+    pub(crate) fn progress(&mut self) {
+        self.since = None;
+    }
+
+    /// A poll came back Pending: whether `limit` has passed since the first of them in a
+    /// row (if not, `cx` is woken when it does).
+    pub(crate) fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let limit = self.limit;
+        self.since
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)))
+            .as_mut()
+            .poll(cx)
+            .is_ready()
     }
 }
 
