@@ -398,6 +398,12 @@ struct NodeSeen {
     last_round: u64,
 }
 
+/// Whether a line holds or has spent credit, which the owner must count wherever it came
+/// from (a line the node's own book keeps has spend <= applied + self-granted).
+fn carries_credit(entry: &ReportEntry) -> bool {
+    entry.applied_grant > 0 || entry.self_granted > 0 || entry.cumulative_spend > 0
+}
+
 /// A full report of one node epoch being gathered (`FoldOwner::take_full_report_chunk`).
 #[derive(Clone, Copy, Debug)]
 struct FullReportSeen {
@@ -534,26 +540,19 @@ impl FoldOwner {
         {
             return;
         }
-        let seen = self
-            .full_reports
-            .entry(batch.node)
-            .or_insert(FullReportSeen {
-                epoch: batch.node_epoch,
-                seq: batch.seq,
-                count: chunk.count,
-                chunks_mask: 0,
-            });
-        if (seen.epoch, seen.seq) != (batch.node_epoch, batch.seq) {
-            if (batch.node_epoch, batch.seq) < (seen.epoch, seen.seq) {
+        let fresh = FullReportSeen {
+            epoch: batch.node_epoch,
+            seq: batch.seq,
+            count: chunk.count,
+            chunks_mask: 0,
+        };
+        let seen = self.full_reports.entry(batch.node).or_insert(fresh);
+        if (seen.epoch, seen.seq) != (fresh.epoch, fresh.seq) {
+            if (fresh.epoch, fresh.seq) < (seen.epoch, seen.seq) {
                 // A chunk of an older full report, reordered behind a newer one.
                 return;
             }
-            *seen = FullReportSeen {
-                epoch: batch.node_epoch,
-                seq: batch.seq,
-                count: chunk.count,
-                chunks_mask: 0,
-            };
+            *seen = fresh;
         }
         if chunk.count != seen.count {
             // The chunks of one report agree on their count; one that does not is not
@@ -668,11 +667,9 @@ impl FoldOwner {
             ledger.allowance = ledger.allowance.min(entry.allowance.max(floor));
         }
         let thin = ledger.spread_thin(&self.config);
-        let carries_credit =
-            entry.applied_grant > 0 || entry.self_granted > 0 || entry.cumulative_spend > 0;
         if ledger.lines.len() >= LINES_PER_NODE * self.config.fleet_size as usize
             && ledger.lines.get(&(node, epoch)).is_none()
-            && !carries_credit
+            && !carries_credit(entry)
         {
             // A restart storm's new epochs: each is a line of every key-window it reports.
             // Past the cap a new line is taken in only if it carries credit, which must be
@@ -755,7 +752,7 @@ impl FoldOwner {
         for entry in &batch.entries {
             self.hot.record(entry.key_window.key, 1);
             let taken = self.merge(batch.node, batch.node_epoch, batch.seq, entry, now);
-            refused_credit |= !taken && entry.applied_grant + entry.self_granted > 0;
+            refused_credit |= !taken && carries_credit(entry);
         }
         if !refused_credit {
             self.take_full_report_chunk(batch);
