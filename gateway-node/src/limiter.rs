@@ -584,6 +584,22 @@ struct ShardLink {
     full_report_now: bool,
 }
 
+impl ShardLink {
+    /// Whether this round's report of the shard is a full one (`full_report_owed`):
+    /// the first round it is owed, then after each resend wait. Sets `full_report_now`.
+    fn full_report_turn(&mut self, round: u64) -> bool {
+        let wait = (FULL_REPORT_RESEND_ROUNDS << self.full_reports_sent.saturating_sub(1))
+            .min(FULL_REPORT_RESEND_ROUNDS_MAX);
+        self.full_report_now = self.full_report_owed
+            && (self.full_reports_sent == 0 || round >= self.full_report_round + wait);
+        if self.full_report_now {
+            self.full_report_round = round;
+            self.full_reports_sent = self.full_reports_sent.saturating_add(1);
+        }
+        self.full_report_now
+    }
+}
+
 /// Rounds before a full report goes out again to an owner that has not said it took one
 /// (`ShardLink::full_report_owed`): the answer to one is back within a round on a live
 /// bus, so a second is sent only past a lost batch. The wait doubles with each resend up
@@ -857,13 +873,7 @@ impl NodeLimiter {
         self.last_tick_wall_ms = now.wall_ms;
         let mut full_report = false;
         for link in &mut self.links {
-            let wait = (FULL_REPORT_RESEND_ROUNDS << link.full_reports_sent.saturating_sub(1))
-                .min(FULL_REPORT_RESEND_ROUNDS_MAX);
-            link.full_report_now = link.full_report_owed
-                && (link.full_reports_sent == 0 || self.round >= link.full_report_round + wait);
-            if link.full_report_now {
-                link.full_report_round = self.round;
-                link.full_reports_sent = link.full_reports_sent.saturating_add(1);
+            if link.full_report_turn(self.round) {
                 self.stats.full_reports_sent += 1;
                 full_report = true;
             }
