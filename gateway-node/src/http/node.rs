@@ -309,6 +309,17 @@ impl Runtime {
         }
     }
 
+    /// Fast paths that missed their deadline, whichever runtime.
+    pub fn fast_path_deadline_missed(&self) -> u64 {
+        match self {
+            Self::Embedded(e) => e.fast_path_deadline_missed(),
+            Self::Nats(n) => n
+                .stats
+                .fast_path_deadline_missed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
         match self {
             Self::Embedded(e) => e.with_limiter(f),
@@ -543,14 +554,12 @@ impl NodeGateway {
             "Shards whose owner has not yet said it took this node's full report (C8).",
             full_reports_owed as u64,
         );
-        if let Runtime::Embedded(bus) = &self.runtime {
-            metrics::counter(
-                &mut out,
-                "foldgate_fast_path_deadline_missed_total",
-                "Fast paths that could not take the limiter's books within a round.",
-                bus.fast_path_deadline_missed(),
-            );
-        }
+        metrics::counter(
+            &mut out,
+            "foldgate_fast_path_deadline_missed_total",
+            "Fast paths that missed their deadline (1 ms on NATS; embedded, a round's wait for the books).",
+            self.runtime.fast_path_deadline_missed(),
+        );
         if let Runtime::Nats(bus) = &self.runtime {
             let b = &bus.stats;
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
@@ -577,12 +586,6 @@ impl NodeGateway {
                 "foldgate_fast_path_requests_total",
                 "Fast-path requests sent (D5).",
                 load(&b.fast_path_requests),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_fast_path_deadline_missed_total",
-                "Fast paths that missed the 1 ms deadline.",
-                load(&b.fast_path_deadline_missed),
             );
             metrics::counter(
                 &mut out,
