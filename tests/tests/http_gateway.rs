@@ -27,6 +27,43 @@ async fn upstream_in_flight(gw: &TestGateway) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
+/// A scripted upstream on a free loopback port: each connection, with what its first
+/// read brought (the request, as far as it came), goes to `script` on a task of its own.
+async fn scripted_upstream<F, Fut>(script: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream, Vec<u8>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    let script = Arc::new(script);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let script = Arc::clone(&script);
+            tokio::spawn(async move {
+                let mut request = vec![0u8; 4096];
+                let n = s.read(&mut request).await.unwrap_or(0);
+                request.truncate(n);
+                script(s, request).await;
+            });
+        }
+    });
+    up
+}
+
+/// Writes `head`, then `chunk` again and again until a write fails: the gateway let the
+/// upstream connection go.
+async fn stream_until_cut(s: &mut tokio::net::TcpStream, head: &[u8], chunk: &[u8]) {
+    let mut sent = s.write_all(head).await;
+    while sent.is_ok() {
+        sent = s.write_all(chunk).await;
+    }
+}
+
+/// A raw HTTP/1.1 GET of `/` with key 0.
+fn get_with_key_0() -> String {
+    format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0))
+}
+
 /// Sends `request` (raw HTTP/1.1) to the gateway and reads the head of a 200 back; the
 /// connection stays open for the test to hold or drop.
 async fn a_200_head(gw: &TestGateway, request: &str) -> tokio::net::TcpStream {
@@ -601,23 +638,16 @@ async fn a_fail_open_admit_is_marked_degraded() {
 /// such a response held the client's connection and the upstream socket for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
-                    .await;
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            });
-        }
-    });
+    let up = scripted_upstream(|mut s, _| async move {
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+            .await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    })
+    .await;
     let gw = start_gateway(up, "upstream.timeout_ms = 300", &policy(1, EASY)).await;
     let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
-    let req = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
-    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(get_with_key_0().as_bytes()).await.unwrap();
     let t = Instant::now();
     let mut got = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
@@ -686,29 +716,24 @@ async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
 /// upstream's, pinning its connection and its place under `upstream.max_in_flight`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
     // An upstream that streams a body far larger than the sockets' buffers; it notes
     // when a write of it fails (the gateway closed the upstream connection).
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<Instant>();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = [0u8; 4096];
-        let _ = s.read(&mut buf).await;
-        let head = "HTTP/1.1 200 OK\r\ncontent-length: 1073741824\r\n\r\n";
-        let chunk = vec![b'x'; 64 * 1024];
-        let mut sent = s.write_all(head.as_bytes()).await;
-        while sent.is_ok() {
-            sent = s.write_all(&chunk).await;
+    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let up = scripted_upstream(move |mut s, _| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            let head = b"HTTP/1.1 200 OK\r\ncontent-length: 1073741824\r\n\r\n";
+            stream_until_cut(&mut s, head, &[b'x'; 64 * 1024]).await;
+            let _ = closed_tx.send(Instant::now());
         }
-        let _ = closed_tx.send(Instant::now());
-    });
+    })
+    .await;
     let gw = start_gateway(up, "server.send_timeout_ms = 300", &policy(1, EASY)).await;
-    let get = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
-    let s = a_200_head(&gw, &get).await;
+    let s = a_200_head(&gw, &get_with_key_0()).await;
     // The client reads nothing more. The buffers fill, the gateway's write waits, and
     // 300 ms later the connection goes, and the upstream connection with it.
     let t = Instant::now();
-    let closed_at = tokio::time::timeout(Duration::from_secs(10), closed_rx)
+    let closed_at = tokio::time::timeout(Duration::from_secs(10), closed_rx.recv())
         .await
         .expect("the upstream connection was let go")
         .unwrap();
@@ -723,35 +748,28 @@ async fn a_client_that_stops_reading_is_let_go_at_the_send_timeout() {
 /// under `upstream.max_in_flight` back at `server.send_timeout_ms` all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
     let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let closed_tx = closed_tx.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let n = s.read(&mut buf).await.unwrap_or(0);
-                if buf[..n].starts_with(b"GET /small") {
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                        .await;
-                    return;
-                }
-                // Far more than the stream's flow-control window and the sockets' buffers,
-                // chunked: with no length to fall short of, only the relay's word can tell
-                // a cut body from a whole one.
-                let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
-                let mut chunk = b"10000\r\n".to_vec();
-                chunk.extend(std::iter::repeat_n(b'x', 64 * 1024));
-                chunk.extend_from_slice(b"\r\n");
-                let mut sent = s.write_all(head.as_bytes()).await;
-                while sent.is_ok() {
-                    sent = s.write_all(&chunk).await;
-                }
-                let _ = closed_tx.send(());
-            });
+    let up = scripted_upstream(move |mut s, request| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            if request.starts_with(b"GET /small") {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                return;
+            }
+            // Far more than the stream's flow-control window and the sockets' buffers,
+            // chunked: with no length to fall short of, only the relay's word can tell a
+            // cut body from a whole one.
+            let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+            let mut chunk = b"10000\r\n".to_vec();
+            chunk.extend(std::iter::repeat_n(b'x', 64 * 1024));
+            chunk.extend_from_slice(b"\r\n");
+            stream_until_cut(&mut s, head, &chunk).await;
+            let _ = closed_tx.send(());
         }
-    });
+    })
+    .await;
     let gw = start_gateway(
         up,
         "server.send_timeout_ms = 300\nupstream.max_in_flight = 1",
@@ -796,28 +814,23 @@ async fn an_http2_stream_the_client_stops_reading_gives_its_upstream_back() {
 /// and added `content-length: 0` to the 204.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_bodies_pass_as_the_upstream_sent_them() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                loop {
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    let answer: &[u8] = if buf[..n].starts_with(b"GET /304") {
-                        b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"
-                    } else {
-                        b"HTTP/1.1 204 No Content\r\n\r\n"
-                    };
-                    if s.write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    let up = scripted_upstream(|mut s, mut request| async move {
+        // Each request on the connection, kept alive, until the gateway closes it.
+        let mut buf = [0u8; 4096];
+        while !request.is_empty() {
+            let answer: &[u8] = if request.starts_with(b"GET /304") {
+                b"HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n"
+            } else {
+                b"HTTP/1.1 204 No Content\r\n\r\n"
+            };
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            request = buf[..n].to_vec();
         }
-    });
+    })
+    .await;
     let gw = start_gateway(up, "", &policy(1, EASY)).await;
     let h1 = plain_client();
     let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
@@ -853,23 +866,16 @@ async fn empty_bodies_pass_as_the_upstream_sent_them() {
 /// and its place back at once, not at the upstream timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_gives_its_upstream_back_at_once() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n")
-                    .await;
-                // Then nothing, as a long poll does.
-                let _ = s.read(&mut buf).await;
-            });
-        }
-    });
+    let up = scripted_upstream(|mut s, _| async move {
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n")
+            .await;
+        // Then nothing, as a long poll does.
+        let _ = s.read(&mut [0u8; 4096]).await;
+    })
+    .await;
     let gw = start_gateway(up, "upstream.timeout_ms = 5000", &policy(1, EASY)).await;
-    let get = format!("GET / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\n\r\n", key(0));
-    drop(a_200_head(&gw, &get).await);
+    drop(a_200_head(&gw, &get_with_key_0()).await);
     let t = Instant::now();
     while upstream_in_flight(&gw).await.as_deref() != Some("0") {
         assert!(
@@ -887,19 +893,20 @@ async fn a_client_that_goes_away_gives_its_upstream_back_at_once() {
 /// place went with the response and the upload held the connection for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = [0u8; 4096];
-        let _ = s.read(&mut buf).await;
-        // An answer before the body is in, as an upstream that rejects early does.
-        let _ = s
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            .await;
-        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
-        let _ = closed_tx.send(());
-    });
+    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let up = scripted_upstream(move |mut s, _| {
+        let closed_tx = closed_tx.clone();
+        async move {
+            // An answer before the body is in, as an upstream that rejects early does.
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+            let mut buf = [0u8; 4096];
+            while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+        }
+    })
+    .await;
     let gw = start_gateway(up, "server.body_read_timeout_ms = 500", &policy(1, EASY)).await;
     let post = format!(
         "POST / HTTP/1.1\r\nhost: x\r\nx-api-key: {}\r\ncontent-length: 1000\r\n\r\n0123456789",
@@ -911,7 +918,7 @@ async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
         Some("1"),
         "the upload holds its place"
     );
-    tokio::time::timeout(Duration::from_secs(5), closed_rx)
+    tokio::time::timeout(Duration::from_secs(5), closed_rx.recv())
         .await
         .expect("the upstream connection was let go")
         .unwrap();
