@@ -672,11 +672,15 @@ async fn an_upstream_body_that_stalls_is_given_up_at_the_timeout() {
 
 /// Past `upstream.max_in_flight` exchanges with the upstream, the next request is
 /// answered 503 at once rather than opening one more upstream connection (the client
-/// pool has no cap of its own); a finished exchange gives its place back.
+/// pool has no cap of its own), before the limiter charges its key; a finished exchange
+/// gives its place back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
     let (up, _up_stop) = start_upstream(1_500).await;
-    let gw = Arc::new(start_gateway(up, "upstream.max_in_flight = 2", &policy(4, EASY)).await);
+    // One request a minute per key: a key charged for its 503 would get a 429 next.
+    let one_a_minute: &[(u32, u64)] = &[(1_000, 1), (60_000, 1)];
+    let gw =
+        Arc::new(start_gateway(up, "upstream.max_in_flight = 2", &policy(3, one_a_minute)).await);
     let c = plain_client();
     let slow: Vec<_> = (0..2)
         .map(|i| {
@@ -698,8 +702,12 @@ async fn past_max_in_flight_the_upstream_is_spared_with_a_503() {
     for s in slow {
         assert_eq!(s.await.unwrap().as_u16(), 200);
     }
-    let (status, _, _) = get_once(&c, &gw.url("/"), Some(&key(3))).await.unwrap();
-    assert_eq!(status.as_u16(), 200, "the places came back");
+    let (status, _, body) = get_once(&c, &gw.url("/"), Some(&key(2))).await.unwrap();
+    assert_eq!(
+        status.as_u16(),
+        200,
+        "the places came back, and the shed request spent none of key 2's allowance: {body}"
+    );
     assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
     let metrics = get_once(&c, &gw.admin_url("/metrics"), None)
         .await

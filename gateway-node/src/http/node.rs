@@ -413,6 +413,14 @@ impl NodeGateway {
         let Some(policy) = policy else {
             return self.unauthorized(AuthError::Unknown, cid);
         };
+        // Before the limiter: a request shed for overload must not spend the allowance.
+        let place = match self.upstream.take_place(cid) {
+            Ok(place) => place,
+            Err((resp, outcome)) => {
+                self.metrics.outcome(outcome);
+                return resp;
+            }
+        };
         let key_text = KeyIdText(key).to_string();
         let surface = self.runtime.surface();
         // A fail-open admit is enforcement degraded as much as F5 is: it says so too.
@@ -458,7 +466,7 @@ impl NodeGateway {
         let extra = HeaderValue::from_str(&key_text)
             .map(|v| vec![(HeaderName::from_static(KEY_ID_HEADER), v)])
             .unwrap_or_default();
-        let (mut resp, outcome) = self.upstream.forward(req, peer, cid, &extra).await;
+        let (mut resp, outcome) = self.upstream.forward(place, req, peer, cid, &extra).await;
         self.metrics.outcome(outcome);
         if failed_open || surface.degraded() {
             resp.headers_mut()

@@ -82,6 +82,9 @@ pub struct Upstream {
     max_in_flight: usize,
 }
 
+/// One exchange's place under `Upstream::max_in_flight`, held until its bodies are done.
+pub struct Place(OwnedSemaphorePermit);
+
 /// Headers that belong to one hop (RFC 9110 7.6.1) and never go further.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -144,31 +147,42 @@ impl Upstream {
         self.max_in_flight - self.in_flight.available_permits()
     }
 
-    /// Sends `req` on, with the correlation id and whatever `extra` headers the caller
-    /// adds; returns the upstream's response with its body still streaming, or the
-    /// gateway's own 502/504, and which of those it was.
+    /// A place under `max_in_flight`, or the gateway's 503 when there is none. Taken
+    /// before the limiter charges the key: a request the gateway sheds for its own
+    /// overload never reached the API and must not spend the client's allowance.
+    pub fn take_place(&self, correlation_id: &str) -> Result<Place, (Response<Body>, Outcome)> {
+        match Arc::clone(&self.in_flight).try_acquire_owned() {
+            Ok(permit) => Ok(Place(permit)),
+            Err(_) => {
+                tracing::warn!(
+                    correlation_id,
+                    max_in_flight = self.max_in_flight,
+                    "upstream overloaded"
+                );
+                Err((
+                    contract::gateway_error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "upstream overloaded",
+                        correlation_id,
+                    ),
+                    Outcome::UpstreamOverloaded,
+                ))
+            }
+        }
+    }
+
+    /// Sends `req` on in `place` (`take_place`), with the correlation id and whatever
+    /// `extra` headers the caller adds; returns the upstream's response with its body
+    /// still streaming, or the gateway's own 502/504, and which of those it was.
     pub async fn forward(
         &self,
+        place: Place,
         mut req: Request<Incoming>,
         peer: SocketAddr,
         correlation_id: &str,
         extra: &[(HeaderName, HeaderValue)],
     ) -> (Response<Body>, Outcome) {
-        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
-            tracing::warn!(
-                correlation_id,
-                max_in_flight = self.max_in_flight,
-                "upstream overloaded"
-            );
-            return (
-                contract::gateway_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "upstream overloaded",
-                    correlation_id,
-                ),
-                Outcome::UpstreamOverloaded,
-            );
-        };
+        let Place(permit) = place;
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
         let (scheme, authority) = &self.targets[i];
         let path = req
