@@ -672,9 +672,6 @@ impl DecisionSurface {
                 continue;
             }
             short_windows |= 1 << i;
-            if i == first_short {
-                denying = Some(w);
-            }
             let to_boundary_ms = window_end_ms(key, w).saturating_sub(wall_ms);
             let exhausted = ours && credit::word_exhausted(word);
             if spec.length_ms > longest_short.0 {
@@ -688,6 +685,11 @@ impl DecisionSurface {
             } else {
                 to_boundary_ms.min(next_round_wait_ms)
             };
+            // The body names the window the client waits for (ADR-6): a window spent
+            // to its boundary, not a shorter one merely empty here until the next round.
+            if denying.is_none() || wait > wait_ms {
+                denying = Some(w);
+            }
             wait_ms = wait_ms.max(wait);
         }
         // Every window found short here counts this decision as its demand. So does a

@@ -121,6 +121,8 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
         name: &'static str,
         credit_1s: u64,
         credit_60s: u64,
+        /// Whether the 1 s pool is spent too, or only this node's share of it.
+        exhausted_1s: bool,
         expect_window_ms: u32,
         expect_both: bool,
     }
@@ -129,6 +131,7 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
             name: "only 1 s exhausted: sub-second",
             credit_1s: 1,
             credit_60s: 50,
+            exhausted_1s: true,
             expect_window_ms: 1_000,
             expect_both: false,
         },
@@ -136,15 +139,26 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
             name: "only 60 s exhausted: whole seconds",
             credit_1s: 5,
             credit_60s: 1,
+            exhausted_1s: true,
             expect_window_ms: 60_000,
             expect_both: false,
         },
+        // The body names the window the wait is for (ADR-6), not the first one short.
         Case {
             name: "both exhausted: the later boundary",
             credit_1s: 1,
             credit_60s: 1,
-            expect_window_ms: 1_000,
+            exhausted_1s: true,
+            expect_window_ms: 60_000,
             expect_both: true,
+        },
+        Case {
+            name: "60 s exhausted, 1 s only empty here: the 60 s window",
+            credit_1s: 1,
+            credit_60s: 1,
+            exhausted_1s: false,
+            expect_window_ms: 60_000,
+            expect_both: false,
         },
     ];
     for (i, case) in cases.iter().enumerate() {
@@ -158,7 +172,7 @@ fn retry_after_goes_to_the_latest_boundary_of_every_window_that_could_deny() {
             &mut node,
             k,
             &[
-                (1_000, case.credit_1s, true),
+                (1_000, case.credit_1s, case.exhausted_1s),
                 (60_000, case.credit_60s, true),
             ],
         );
