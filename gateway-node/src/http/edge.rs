@@ -135,7 +135,8 @@ impl Gateway for EdgeGuard {
         // Before the floors: a request shed for overload does not count against them.
         let place = match self.upstream.take_place(&cid) {
             Ok(place) => place,
-            Err((resp, outcome)) => {
+            Err(overloaded) => {
+                let (resp, outcome) = overloaded.response(&cid);
                 self.metrics.outcome(outcome);
                 self.metrics.request_latency.observe(started.elapsed());
                 return resp;

@@ -416,7 +416,8 @@ impl NodeGateway {
         // Before the limiter: a request shed for overload must not spend the allowance.
         let place = match self.upstream.take_place(cid) {
             Ok(place) => place,
-            Err((resp, outcome)) => {
+            Err(overloaded) => {
+                let (resp, outcome) = overloaded.response(cid);
                 self.metrics.outcome(outcome);
                 return resp;
             }

@@ -85,6 +85,23 @@ pub struct Upstream {
 /// One exchange's place under `Upstream::max_in_flight`, held until its bodies are done.
 pub struct Place(OwnedSemaphorePermit);
 
+/// No place under `max_in_flight` was free (`Upstream::take_place`).
+pub struct Overloaded;
+
+impl Overloaded {
+    /// The gateway's 503, and the outcome it counts as.
+    pub fn response(&self, correlation_id: &str) -> (Response<Body>, Outcome) {
+        (
+            contract::gateway_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "upstream overloaded",
+                correlation_id,
+            ),
+            Outcome::UpstreamOverloaded,
+        )
+    }
+}
+
 /// Headers that belong to one hop (RFC 9110 7.6.1) and never go further.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -150,25 +167,18 @@ impl Upstream {
     /// A place under `max_in_flight`, or the gateway's 503 when there is none. Taken
     /// before the limiter charges the key: a request the gateway sheds for its own
     /// overload never reached the API and must not spend the client's allowance.
-    pub fn take_place(&self, correlation_id: &str) -> Result<Place, (Response<Body>, Outcome)> {
-        match Arc::clone(&self.in_flight).try_acquire_owned() {
-            Ok(permit) => Ok(Place(permit)),
-            Err(_) => {
+    pub fn take_place(&self, correlation_id: &str) -> Result<Place, Overloaded> {
+        Arc::clone(&self.in_flight)
+            .try_acquire_owned()
+            .map(Place)
+            .map_err(|_| {
                 tracing::warn!(
                     correlation_id,
                     max_in_flight = self.max_in_flight,
                     "upstream overloaded"
                 );
-                Err((
-                    contract::gateway_error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "upstream overloaded",
-                        correlation_id,
-                    ),
-                    Outcome::UpstreamOverloaded,
-                ))
-            }
-        }
+                Overloaded
+            })
     }
 
     /// Sends `req` on in `place` (`take_place`), with the correlation id and whatever
