@@ -97,6 +97,11 @@ pub struct OwnerConfig {
     pub retry_ledgers_per_tick: usize,
     /// C10: which keys get the hot lane.
     pub hot: HotKeyConfig,
+    /// What-if only (`foldgate sim --what-if central-endgame`), never a production
+    /// setting: in the endgame (`FoldOwner::size_grant`) the pool's last credit stays
+    /// with the owner and goes one unit per fast path, as a central limiter would give
+    /// it. It measures what credit held ahead on the nodes costs (ACCURACY.md).
+    pub what_if_central_endgame: bool,
 }
 
 impl OwnerConfig {
@@ -121,6 +126,7 @@ impl OwnerConfig {
             ledgers_cap: 1_000_000,
             retry_ledgers_per_tick: 1_024,
             hot: HotKeyConfig::reference(),
+            what_if_central_endgame: false,
         }
     }
 
@@ -855,7 +861,15 @@ impl FoldOwner {
             available: available_before,
             slack,
         };
-        let want = want_of(&line).max(least_want(config, kw, &line, pool, thin, fast));
+        let central = endgame && config.what_if_central_endgame;
+        if central && !fast {
+            return None;
+        }
+        let want = if central {
+            1
+        } else {
+            want_of(&line).max(least_want(config, kw, &line, pool, thin, fast))
+        };
         if want == 0 {
             // Spread thin, wanting nothing is how the endgame leaves every node (above),
             // not a sign its demand fell away: it stays starved, to be told when credit

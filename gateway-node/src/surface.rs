@@ -313,6 +313,11 @@ pub struct SurfaceConfig {
     /// cap but a few percent full put each key on its own cache line far from the next,
     /// and the reconciler's scan of them cost more than the state machines themselves.
     pub presize: bool,
+    /// What-if only (`foldgate sim --what-if fast-path-every-request`), never a
+    /// production setting: D5's one fast path per key per round lifted, so every
+    /// request that finds no credit may ask. It measures what the rule costs in accuracy
+    /// (ACCURACY.md, "What the 60 s targets would take").
+    pub what_if_fast_path_every_request: bool,
 }
 
 impl Default for SurfaceConfig {
@@ -323,6 +328,7 @@ impl Default for SurfaceConfig {
             backstop_multiple: 4,
             reconciler_stall_ms: 1_000,
             presize: true,
+            what_if_fast_path_every_request: false,
         }
     }
 }
@@ -725,7 +731,7 @@ impl DecisionSurface {
         if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !longest_short.1 {
             let round = round_tag(self.fast_path_round_at(wall_ms));
             let seen = bucket.fast_path.load(Ordering::Acquire);
-            if seen >> 1 != round
+            if (seen >> 1 != round || self.config.what_if_fast_path_every_request)
                 && bucket
                     .fast_path
                     .compare_exchange(

@@ -214,6 +214,10 @@ struct SimArgs {
     /// Owner: Poisson standard deviations of burst allowance per grant (C4).
     #[arg(long)]
     burst_sigmas: Option<u64>,
+    /// Lift rules of the design for this run, to measure what they cost (comma-separated;
+    /// never a production setting; the report and its replay command name them).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    what_if: Vec<sim::WhatIf>,
     /// Threads for --seeds.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -581,6 +585,12 @@ fn run_sim(a: SimArgs) -> Result<()> {
         lead_rounds: a.lead_rounds,
         headroom_permille: a.headroom_permille,
         burst_sigmas: a.burst_sigmas,
+        what_if: {
+            let mut w = a.what_if.clone();
+            w.sort_unstable();
+            w.dedup();
+            w
+        },
     };
     let started = Instant::now();
     let outcomes = sim::run_seeds(&cfg, a.seeds, a.threads)?;

@@ -2,7 +2,7 @@
 //! every scenario, the same seed replays byte for byte, faults really happen, and the
 //! global-sync baseline really over-admits where the design says it must.
 
-use ops::sim::{self, RunOutcome, Scenario, SimConfig, SimMode, SimReport};
+use ops::sim::{self, RunOutcome, Scenario, SimConfig, SimMode, SimReport, WhatIf};
 
 /// Small enough for the suite, shaped like the reference: 20 nodes, a 1 s and a 60 s
 /// window, 50 requests/s per key against a 40/s limit.
@@ -245,4 +245,58 @@ fn the_cli_prints_the_interface_fields_and_the_csv() {
         assert!(cols[0].starts_with("k1:"), "keys appear only hashed: {row}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--what-if` lifts a rule of the design for one run, to measure what the rule costs
+/// (ACCURACY.md, "What the 60 s targets would take"): each lift moves what it names, on
+/// the same traffic; a run names its lifts in its report and its replay command, and a
+/// run of the design as built names none.
+#[test]
+fn what_if_runs_lift_what_they_name_and_say_so() {
+    let base = SimConfig {
+        seconds: 8,
+        ..small(Scenario::Zipf, SimMode::Leasing, 5)
+    };
+    let run = |what_if: &[WhatIf]| {
+        let cfg = SimConfig {
+            what_if: what_if.to_vec(),
+            ..base.clone()
+        };
+        let o = sim::run(&cfg).unwrap();
+        assert!(o.violations.is_empty(), "{what_if:?}: {:?}", o.violations);
+        report(&cfg, o)
+    };
+    let built = run(&[]);
+    let no_misses = run(&[WhatIf::NoFastPathMisses]);
+    let every = run(&[WhatIf::FastPathEveryRequest]);
+    let central = run(&[WhatIf::CentralEndgame]);
+    assert!(built.counts.fast_path_deadline_missed > 0);
+    assert_eq!(no_misses.counts.fast_path_deadline_missed, 0);
+    // D5's one ask per key per round turned requests away that now ask.
+    assert!(
+        every.counts.fast_path > built.counts.fast_path,
+        "{} vs {}",
+        every.counts.fast_path,
+        built.counts.fast_path
+    );
+    // The endgame's credit now goes out one unit per fast path.
+    assert!(
+        central.counts.fast_path > built.counts.fast_path,
+        "{} vs {}",
+        central.counts.fast_path,
+        built.counts.fast_path
+    );
+    for r in [&no_misses, &every, &central] {
+        assert_eq!(r.offered, built.offered, "the same traffic");
+    }
+    let json = serde_json::to_value(&built).unwrap();
+    assert!(json.get("what_if").is_none(), "{json}");
+    assert!(!built.replay.contains("--what-if"), "{}", built.replay);
+    let json = serde_json::to_value(&central).unwrap();
+    assert_eq!(json["what_if"], serde_json::json!(["central-endgame"]));
+    assert!(
+        central.replay.ends_with(" --what-if central-endgame"),
+        "{}",
+        central.replay
+    );
 }

@@ -38,6 +38,8 @@ pub struct BusParams {
     pub reorder_max_us: u64,
     /// Round-trip every Foldgate envelope through the real codec (bus-schemas).
     pub codec: bool,
+    /// `WhatIf::NoFastPathMisses`: a delivered fast path is always on time.
+    pub no_fast_path_misses: bool,
 }
 
 /// Envelopes per batch handed to the codec check, and batches queued at most: the sender
@@ -237,7 +239,8 @@ impl Bus {
         let there = self.latency_us();
         let back = self.latency_us();
         let reply_lost = self.rng.chance_pct(self.params.loss_pct);
-        if !reply_lost && there + back <= FAST_PATH_DEADLINE_US {
+        if !reply_lost && (self.params.no_fast_path_misses || there + back <= FAST_PATH_DEADLINE_US)
+        {
             self.stats.delivered += 2;
             FastPathFate::OnTime
         } else {
@@ -332,6 +335,7 @@ mod tests {
             jitter_mean_us: 100.0,
             reorder_max_us: 0,
             codec: true,
+            no_fast_path_misses: false,
         }
     }
 

@@ -123,6 +123,30 @@ impl SimMode {
     }
 }
 
+/// A rule of the design lifted for one run, to measure what it costs (`--what-if`).
+/// Never a production setting: a report of such a run names them, and so does its
+/// replay command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhatIf {
+    /// Every fast path the bus delivers is answered within D5's 1 ms (losses stay lost).
+    NoFastPathMisses,
+    /// D5's one fast path per key per round lifted: every request short of credit asks.
+    FastPathEveryRequest,
+    /// The owner keeps the endgame's credit and gives it one unit per fast path.
+    CentralEndgame,
+}
+
+impl WhatIf {
+    pub fn name(self) -> &'static str {
+        match self {
+            WhatIf::NoFastPathMisses => "no-fast-path-misses",
+            WhatIf::FastPathEveryRequest => "fast-path-every-request",
+            WhatIf::CentralEndgame => "central-endgame",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub scenario: Scenario,
@@ -155,6 +179,8 @@ pub struct SimConfig {
     pub lead_rounds: Option<u64>,
     pub headroom_permille: Option<u64>,
     pub burst_sigmas: Option<u64>,
+    /// Rules lifted for this run (`WhatIf`), sorted and without repeats.
+    pub what_if: Vec<WhatIf>,
 }
 
 impl SimConfig {
@@ -182,7 +208,12 @@ impl SimConfig {
             lead_rounds: None,
             headroom_permille: None,
             burst_sigmas: None,
+            what_if: Vec::new(),
         }
+    }
+
+    fn lifts(&self, rule: WhatIf) -> bool {
+        self.what_if.contains(&rule)
     }
 
     /// The 1 s and 60 s plan. By default the 1 s limit is 80% of a key's mean offered rate
@@ -277,6 +308,10 @@ impl SimConfig {
         }
         if self.degraded_after_ms != 30_000 {
             s += &format!(" --degraded-after-ms {}", self.degraded_after_ms);
+        }
+        if !self.what_if.is_empty() {
+            let names: Vec<_> = self.what_if.iter().map(|w| w.name()).collect();
+            s += &format!(" --what-if {}", names.join(","));
         }
         s
     }
@@ -428,6 +463,9 @@ pub struct SimReport {
     pub fold_age_p99_rounds_hot: u64,
     pub counts: Counts,
     pub replay: String,
+    /// The rules this run lifted (`--what-if`); absent for the design as built.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub what_if: Vec<WhatIf>,
 }
 
 impl SimReport {
@@ -482,6 +520,7 @@ impl SimReport {
             fold_age_p99_rounds_hot: p99_rounds(&counts.fold_age_rounds_hot),
             counts,
             replay: cfg.replay_command(),
+            what_if: cfg.what_if.clone(),
         }
     }
 }
@@ -615,6 +654,7 @@ fn owner_config(cfg: &SimConfig, shard: u32) -> OwnerConfig {
         lead_rounds: cfg.lead_rounds.unwrap_or(reference.lead_rounds),
         headroom_permille: cfg.headroom_permille.unwrap_or(reference.headroom_permille),
         burst_sigmas: cfg.burst_sigmas.unwrap_or(reference.burst_sigmas),
+        what_if_central_endgame: cfg.lifts(WhatIf::CentralEndgame),
         shards: cfg.nodes,
         fleet_size: cfg.nodes,
         mode: if cfg.mode == SimMode::Fixed {
@@ -632,6 +672,7 @@ fn surface_for(cfg: &SimConfig) -> Arc<DecisionSurface> {
         bucket_cap: (cfg.keys as usize * 2).max(1_024),
         // Nothing here races a rehash, and compact tables keep the fleet in cache.
         presize: false,
+        what_if_fast_path_every_request: cfg.lifts(WhatIf::FastPathEveryRequest),
         ..SurfaceConfig::default()
     }))
 }
@@ -697,6 +738,7 @@ impl Sim {
             jitter_mean_us: 100.0,
             reorder_max_us: 2 * ROUND_MS * 1_000,
             codec: cfg.codec,
+            no_fast_path_misses: cfg.lifts(WhatIf::NoFastPathMisses),
         };
         Ok(Self {
             bus: Bus::new(params, cfg.seed),
