@@ -56,6 +56,9 @@ out.append("\nReproduce a row: `cargo run --release -p ops --bin foldgate -- sim
 out.append("Targets (issue 3) for leasing: steady scenarios over max <= 0.5% and under p99 <= 2.5% (1 s) / 0.1% (60 s);")
 out.append("fault scenarios (owner-crash, partition, restarts, lossy, skew) over max <= 2%; fast path < 0.5% in pinned;")
 out.append("0 invariant violations. The last column applies exactly these.")
+out.append("")
+out.append("What the rows marked **no** would take, measured with rules of the design lifted (`foldgate sim --what-if`):")
+out.append("BENCHMARKS.md, \"What the 60 s targets would take\" (`./scripts/what-if-table.sh`).")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 PY
 echo "wrote $OUT"

@@ -100,7 +100,8 @@ pub struct OwnerConfig {
     /// What-if only (`foldgate sim --what-if central-endgame`), never a production
     /// setting: in the endgame (`FoldOwner::size_grant`) the pool's last credit stays
     /// with the owner and goes one unit per fast path, as a central limiter would give
-    /// it. It measures what credit held ahead on the nodes costs (ACCURACY.md).
+    /// it. It measures what credit held ahead on the nodes costs (BENCHMARKS.md, "What
+    /// the 60 s targets would take").
     pub what_if_central_endgame: bool,
 }
 

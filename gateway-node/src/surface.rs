@@ -316,7 +316,7 @@ pub struct SurfaceConfig {
     /// What-if only (`foldgate sim --what-if fast-path-every-request`), never a
     /// production setting: D5's one fast path per key per round lifted, so every
     /// request that finds no credit may ask. It measures what the rule costs in accuracy
-    /// (ACCURACY.md, "What the 60 s targets would take").
+    /// (BENCHMARKS.md, "What the 60 s targets would take").
     pub what_if_fast_path_every_request: bool,
 }
 

@@ -248,7 +248,7 @@ fn the_cli_prints_the_interface_fields_and_the_csv() {
 }
 
 /// `--what-if` lifts a rule of the design for one run, to measure what the rule costs
-/// (ACCURACY.md, "What the 60 s targets would take"): each lift moves what it names, on
+/// (BENCHMARKS.md, "What the 60 s targets would take"): each lift moves what it names, on
 /// the same traffic; a run names its lifts in its report and its replay command, and a
 /// run of the design as built names none.
 #[test]
