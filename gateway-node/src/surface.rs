@@ -731,7 +731,11 @@ impl DecisionSurface {
         if fast_path_allowed && flags & FLAG_FAST_PATH != 0 && !longest_short.1 {
             let round = round_tag(self.fast_path_round_at(wall_ms));
             let seen = bucket.fast_path.load(Ordering::Acquire);
-            if (seen >> 1 != round || self.config.what_if_fast_path_every_request)
+            // The what-if lift lets a request ask again once the round's ask is answered;
+            // one still in flight is joined, as always.
+            let lifted =
+                self.config.what_if_fast_path_every_request && seen & FAST_PATH_INFLIGHT == 0;
+            if (seen >> 1 != round || lifted)
                 && bucket
                     .fast_path
                     .compare_exchange(

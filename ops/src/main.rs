@@ -611,7 +611,13 @@ fn run_sim(a: SimArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} / {}: {} nodes, {} keys, {} s x {} seed(s): offered {}, admitted {}, over max {}%, under p99 {}%, fast path {}%, violations {}, {} ms",
+            "{}{} / {}: {} nodes, {} keys, {} s x {} seed(s): offered {}, admitted {}, over max {}%, under p99 {}%, fast path {}%, violations {}, {} ms",
+            if report.what_if.is_empty() {
+                String::new()
+            } else {
+                let lifts: Vec<_> = report.what_if.iter().map(|w| w.name()).collect();
+                format!("[what-if: {}] ", lifts.join(", "))
+            },
             report.scenario.name(),
             report.mode.name(),
             report.nodes,

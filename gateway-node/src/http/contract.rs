@@ -59,8 +59,8 @@ pub fn set_correlation(h: &mut http::HeaderMap, correlation_id: &str) {
 
 /// D6: `Retry-After` to the latest boundary of every window that could deny (the surface
 /// computed `wait_ms` that way), `Retry-After: 0` plus `X-RateLimit-Reset-Ms` under a
-/// second, whole seconds (at least 1) otherwise; the body names the window that denied and
-/// the correlation id, and never the limit.
+/// second, whole seconds (at least 1) otherwise; the body names the denying window (the
+/// one whose boundary the wait is for) and the correlation id, and never the limit.
 pub fn too_many_requests(denial: &Denial, correlation_id: &str, degraded: bool) -> Response<Body> {
     too_many(
         &window_name(denial.window.length_ms),

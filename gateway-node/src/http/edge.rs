@@ -132,16 +132,6 @@ impl Gateway for EdgeGuard {
         let cid = self.ids.for_request(req.headers());
         let now_ms = wall_ms();
         let wait_ms = 1_000 - now_ms % 1_000;
-        // Before the floors: a request shed for overload does not count against them.
-        let place = match self.upstream.take_place(&cid) {
-            Ok(place) => place,
-            Err(overloaded) => {
-                let (resp, outcome) = overloaded.response(&cid);
-                self.metrics.outcome(outcome);
-                self.metrics.request_latency.observe(started.elapsed());
-                return resp;
-            }
-        };
         // A request without a usable key is the node's to refuse (401); it still counts
         // against the ceiling, so keyless floods are bounded too.
         if let Ok(raw) = extract_key(req.headers()) {
@@ -155,6 +145,18 @@ impl Gateway for EdgeGuard {
             self.capped_ceiling.fetch_add(1, Ordering::Relaxed);
             return self.limited("ceiling", now_ms, wait_ms, &cid);
         }
+        // After the floors, unlike the node's place (taken before its limiter charges the
+        // key): the floors bound floods and are no client's allowance, so a flood keeps
+        // its 429 and its count while the upstream is full.
+        let place = match self.upstream.take_place(&cid) {
+            Ok(place) => place,
+            Err(overloaded) => {
+                let (resp, outcome) = overloaded.response(&cid);
+                self.metrics.outcome(outcome);
+                self.metrics.request_latency.observe(started.elapsed());
+                return resp;
+            }
+        };
         let (resp, outcome) = self.upstream.forward(place, req, peer, &cid, &[]).await;
         self.metrics.outcome(outcome);
         self.metrics.request_latency.observe(started.elapsed());

@@ -414,6 +414,9 @@ impl NodeGateway {
             return self.unauthorized(AuthError::Unknown, cid);
         };
         // Before the limiter: a request shed for overload must not spend the allowance.
+        // The price: while the upstream is full, a key over its limit gets this 503 (no
+        // Retry-After, no limit event) rather than its 429, and a request holds its place
+        // through the limiter's decision (a fast path waits at most D5's deadline).
         let place = match self.upstream.take_place(cid) {
             Ok(place) => place,
             Err(overloaded) => {
@@ -497,7 +500,7 @@ impl NodeGateway {
         metrics::gauge(
             &mut out,
             "foldgate_upstream_in_flight",
-            "Exchanges with the upstream in flight (upstream.max_in_flight caps them).",
+            "Places under upstream.max_in_flight in use: exchanges with the upstream, and requests the limiter is deciding.",
             self.upstream.in_flight() as u64,
         );
         metrics::gauge(
