@@ -186,10 +186,12 @@ fn file_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
         Some(span) => {
             let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
             let line = text.lines().nth(line_no - 1).unwrap_or_default();
+            // A line with no `key =` is not echoed: it may be a secret pasted on a line
+            // of its own, or `hash_key_hex: "..."`.
             let key = line
                 .split_once('=')
                 .map(|(k, _)| k.trim().to_string())
-                .unwrap_or_else(|| line.trim().to_string());
+                .unwrap_or_else(|| "(a line with no `key =`)".to_string());
             (line_no, key)
         }
         None => (0, String::new()),
@@ -254,6 +256,17 @@ mod tests {
             defaults.upstream.max_in_flight,
             crate::http::proxy::UpstreamSettings::default().max_in_flight
         );
+    }
+
+    /// A line with no `key =` may be a secret: the error names the line, not its text.
+    #[test]
+    fn a_line_that_is_not_a_setting_is_not_echoed() {
+        let secret = "hash_key_hex: \"00112233445566778899aabbccddeeff\"";
+        let f = file(&format!("round_ms = 30\n{secret}\n"));
+        let err = load_from::<Sample>(Some(&f.0), vec![], "FG_T_", &[]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(":2"), "{text}");
+        assert!(!text.contains("00112233"), "{text}");
     }
 
     fn file(text: &str) -> tempfile_like::Tmp {

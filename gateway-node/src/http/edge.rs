@@ -72,6 +72,15 @@ impl EdgeSettings {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// A floor of 0 did not refuse everything: the first request of each second passed.
+    #[error("key_floor_per_s and fleet_ceiling_per_s must be at least 1")]
+    ZeroFloor,
+}
+
 pub struct EdgeGuard {
     pub metrics: GatewayMetrics,
     upstream: Upstream,
@@ -95,7 +104,10 @@ fn wall_ms() -> u64 {
 }
 
 impl EdgeGuard {
-    pub fn new(settings: &EdgeSettings) -> Result<Self, UpstreamError> {
+    pub fn new(settings: &EdgeSettings) -> Result<Self, EdgeError> {
+        if settings.key_floor_per_s == 0 || settings.fleet_ceiling_per_s == 0 {
+            return Err(EdgeError::ZeroFloor);
+        }
         Ok(Self {
             metrics: GatewayMetrics::default(),
             upstream: settings.upstream.build(&settings.server.limits())?,
@@ -196,5 +208,28 @@ impl Gateway for EdgeGuard {
 
     fn metrics(&self) -> &GatewayMetrics {
         &self.metrics
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A floor of 0 passed the first request of every second; it is refused at start.
+    #[test]
+    fn a_zero_floor_or_ceiling_is_refused() {
+        assert!(EdgeGuard::new(&EdgeSettings::default()).is_ok());
+        for bad in [
+            EdgeSettings {
+                key_floor_per_s: 0,
+                ..EdgeSettings::default()
+            },
+            EdgeSettings {
+                fleet_ceiling_per_s: 0,
+                ..EdgeSettings::default()
+            },
+        ] {
+            assert!(matches!(EdgeGuard::new(&bad), Err(EdgeError::ZeroFloor)));
+        }
     }
 }

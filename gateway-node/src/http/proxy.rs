@@ -27,10 +27,12 @@ pub enum UpstreamError {
     #[error("upstream.max_in_flight must be 1..={}", Semaphore::MAX_PERMITS)]
     InFlightOutOfRange,
     #[error(
-        "server.send_timeout_ms and body_read_timeout_ms must be at least 1: 0 would cut \
-         every write or read that waits"
+        "upstream.timeout_ms and connect_timeout_ms must be at least 1: 0 fails every \
+         exchange, after the limiter charged its key"
     )]
-    NoSendTimeout,
+    NoTimeout,
+    #[error(transparent)]
+    Server(#[from] super::server::LimitsError),
 }
 
 /// The `[upstream]` table: where requests go on to, and how long they may take.
@@ -65,6 +67,9 @@ impl UpstreamSettings {
     /// `client`: the server's bounds on a client that stops taking a response or stops
     /// sending its request's body (`ServerLimits`), held here per exchange.
     pub fn build(&self, client: &super::server::ServerLimits) -> Result<Upstream, UpstreamError> {
+        // The server's own bounds are checked here too: every gateway builds its upstream
+        // from them at start, so a bad one stops it there.
+        client.check()?;
         Upstream::new(self, client.send_timeout, client.body_read_timeout)
     }
 }
@@ -115,7 +120,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 impl Upstream {
-    pub fn new(
+    fn new(
         settings: &UpstreamSettings,
         send_timeout: Duration,
         body_read_timeout: Duration,
@@ -137,8 +142,8 @@ impl Upstream {
         if !(1..=Semaphore::MAX_PERMITS).contains(&settings.max_in_flight) {
             return Err(UpstreamError::InFlightOutOfRange);
         }
-        if send_timeout.is_zero() || body_read_timeout.is_zero() {
-            return Err(UpstreamError::NoSendTimeout);
+        if settings.timeout_ms == 0 || settings.connect_timeout_ms == 0 {
+            return Err(UpstreamError::NoTimeout);
         }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_millis(settings.connect_timeout_ms)));
@@ -511,7 +516,7 @@ mod tests {
             none_in_flight.build(&limits),
             Err(UpstreamError::InFlightOutOfRange)
         ));
-        for zero in [
+        for bad in [
             ServerLimits {
                 send_timeout: Duration::ZERO,
                 ..limits
@@ -520,8 +525,47 @@ mod tests {
                 body_read_timeout: Duration::ZERO,
                 ..limits
             },
+            ServerLimits {
+                header_read_timeout: Duration::ZERO,
+                ..limits
+            },
+            ServerLimits {
+                max_connections: 0,
+                ..limits
+            },
+            ServerLimits {
+                max_connections: Semaphore::MAX_PERMITS + 1,
+                ..limits
+            },
+            ServerLimits {
+                h2_max_concurrent_streams: 0,
+                ..limits
+            },
+            ServerLimits {
+                max_header_bytes: 4 * 1024,
+                ..limits
+            },
+            ServerLimits {
+                max_header_bytes: 1 << 32,
+                ..limits
+            },
         ] {
-            assert!(matches!(ok.build(&zero), Err(UpstreamError::NoSendTimeout)));
+            assert!(
+                matches!(ok.build(&bad), Err(UpstreamError::Server(_))),
+                "{bad:?}"
+            );
+        }
+        for bad in [
+            UpstreamSettings {
+                timeout_ms: 0,
+                ..ok.clone()
+            },
+            UpstreamSettings {
+                connect_timeout_ms: 0,
+                ..ok.clone()
+            },
+        ] {
+            assert!(matches!(bad.build(&limits), Err(UpstreamError::NoTimeout)));
         }
     }
 }

@@ -98,6 +98,57 @@ pub struct ServerLimits {
     pub body_read_timeout: Duration,
 }
 
+/// A `[server]` value the server would run with but not serve under: each of these was
+/// accepted at start and then dropped every connection, refused every HTTP/2 stream, or
+/// panicked in `serve`.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    #[error(
+        "server.header_read_timeout_ms must be at least 1: 0 drops every connection whose \
+         head is not already buffered"
+    )]
+    HeaderReadTimeout,
+    #[error(
+        "server.max_connections must be 1..={}",
+        tokio::sync::Semaphore::MAX_PERMITS
+    )]
+    MaxConnections,
+    #[error("server.h2_max_concurrent_streams must be at least 1: 0 refuses every HTTP/2 stream")]
+    H2Streams,
+    #[error("server.max_header_bytes must be {}..={}", MIN_HEADER_BYTES, u32::MAX)]
+    MaxHeaderBytes,
+    #[error(
+        "server.send_timeout_ms and body_read_timeout_ms must be at least 1: 0 would cut \
+         every write or read that waits"
+    )]
+    NoSendTimeout,
+}
+
+/// hyper's HTTP/1.1 read buffer has a floor of 8 KiB; HTTP/2 takes the same bound, so a
+/// head too large for one is too large for the other.
+pub const MIN_HEADER_BYTES: usize = 8 * 1024;
+
+impl ServerLimits {
+    pub fn check(&self) -> Result<(), LimitsError> {
+        if self.header_read_timeout.is_zero() {
+            return Err(LimitsError::HeaderReadTimeout);
+        }
+        if !(1..=tokio::sync::Semaphore::MAX_PERMITS).contains(&self.max_connections) {
+            return Err(LimitsError::MaxConnections);
+        }
+        if self.h2_max_concurrent_streams == 0 {
+            return Err(LimitsError::H2Streams);
+        }
+        if !(MIN_HEADER_BYTES..=u32::MAX as usize).contains(&self.max_header_bytes) {
+            return Err(LimitsError::MaxHeaderBytes);
+        }
+        if self.send_timeout.is_zero() || self.body_read_timeout.is_zero() {
+            return Err(LimitsError::NoSendTimeout);
+        }
+        Ok(())
+    }
+}
+
 impl Default for ServerLimits {
     fn default() -> Self {
         Self {
@@ -132,12 +183,14 @@ pub async fn serve<H, F>(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         // hyper's floor for the read buffer is 8 KiB.
-        .max_buf_size(limits.max_header_bytes.max(8 * 1024));
+        .max_buf_size(limits.max_header_bytes.max(MIN_HEADER_BYTES));
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.h2_max_concurrent_streams)
-        .max_header_list_size(limits.max_header_bytes as u32)
+        .max_header_list_size(
+            u32::try_from(limits.max_header_bytes.max(MIN_HEADER_BYTES)).unwrap_or(u32::MAX),
+        )
         // An HTTP/2 connection with no stream open holds a slot as long as its peer
         // answers pings; one that stops answering (gone, or a peer that never reads) is
         // closed instead of holding it for good.
