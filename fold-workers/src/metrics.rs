@@ -217,6 +217,12 @@ pub fn render(stats: &FoldWorkerStats) -> String {
     );
     counter(
         &mut out,
+        "foldgate_fold_policy_watch_errors_total",
+        "Errors and ends of the policy watch, each followed by watching on.",
+        &stats.policy_watch_errors,
+    );
+    counter(
+        &mut out,
         "foldgate_fold_not_owned_total",
         "Valid envelopes for a shard this worker does not own.",
         &stats.not_owned,

@@ -85,6 +85,8 @@ pub struct FoldWorkerStats {
     /// P1 snapshots taken into force, and refused (bad, or not newer).
     pub policy_applied: AtomicU64,
     pub policy_refused: AtomicU64,
+    /// Errors and ends of the policy watch, each followed by watching on.
+    pub policy_watch_errors: AtomicU64,
     pub node_rates: NodeRates,
     pub fold_age_ms: Histogram,
     pub grant_latency_us: Histogram,
@@ -106,6 +108,7 @@ impl Default for FoldWorkerStats {
             shards_owned: AtomicU64::new(0),
             policy_applied: AtomicU64::new(0),
             policy_refused: AtomicU64::new(0),
+            policy_watch_errors: AtomicU64::new(0),
             node_rates: NodeRates::default(),
             fold_age_ms: Histogram::new(FOLD_AGE_BOUNDS_MS),
             grant_latency_us: Histogram::new(GRANT_LATENCY_BOUNDS_US),
@@ -604,17 +607,40 @@ async fn watch_policy(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     };
-    let Ok(mut updates) = store.watch_with_history(subjects::POLICY_KEY).await else {
-        stats.policy_refused.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
+    // A watch that fails to start, or ends, is started again once a second: returning
+    // left the worker on the policy in force for good.
+    let mut updates = None;
     loop {
+        let Some(watch) = updates.as_mut() else {
+            match store.watch_with_history(subjects::POLICY_KEY).await {
+                Ok(w) => updates = Some(w),
+                Err(_) => {
+                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+            continue;
+        };
         let entry = tokio::select! {
             _ = shutdown.changed() => return,
-            e = updates.next() => match e {
+            e = watch.next() => match e {
                 Some(Ok(e)) => e,
-                Some(Err(_)) => continue,
-                None => return,
+                Some(Err(_)) => {
+                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                None => {
+                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                    updates = None;
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
             },
         };
         let newest = publish.borrow().as_ref().map_or(0, |p| p.version);

@@ -82,6 +82,8 @@ pub struct NodeBusStats {
     /// P1: snapshots applied, and snapshots refused (bad envelope, bad plan, old version).
     pub policy_applied: AtomicU64,
     pub policy_refused: AtomicU64,
+    /// Errors and ends of the policy watch, each followed by watching on (`watch_policy`).
+    pub policy_watch_errors: AtomicU64,
     /// Envelope bytes this node put on the bus and took off it (payloads, not framing).
     pub bytes_out: AtomicU64,
     pub bytes_in: AtomicU64,
@@ -333,17 +335,36 @@ impl NodeBus {
         );
         let round_ms = lock(&limiter).config().round_ms;
         self.tasks.push(tokio::spawn(async move {
-            while let Some(Ok(entry)) = updates.next().await {
-                let index = PolicySnapshot::decode(&entry.value)
-                    .ok()
-                    .and_then(|snap| PolicyIndex::from_snapshot(&snap, round_ms).ok());
-                let Some(index) = index.filter(|i| i.version > publish.borrow().version) else {
-                    stats.policy_refused.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                lock(&limiter).handle_policy(clock(), index.version, |k| index.get(k).copied());
-                publish.send_replace(Arc::new(index));
-                stats.policy_applied.fetch_add(1, Ordering::Relaxed);
+            loop {
+                while let Some(next) = updates.next().await {
+                    // An error is not the watch's end: async-nats recreates the watch's
+                    // consumer after a missed heartbeat (a server restart, a failover).
+                    // Stopping at the first one froze the policy in force for good.
+                    let Ok(entry) = next else {
+                        stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let index = PolicySnapshot::decode(&entry.value)
+                        .ok()
+                        .and_then(|snap| PolicyIndex::from_snapshot(&snap, round_ms).ok());
+                    let Some(index) = index.filter(|i| i.version > publish.borrow().version) else {
+                        stats.policy_refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    lock(&limiter).handle_policy(clock(), index.version, |k| index.get(k).copied());
+                    publish.send_replace(Arc::new(index));
+                    stats.policy_applied.fetch_add(1, Ordering::Relaxed);
+                }
+                // The watch ended: watch again from the history, once a second until it
+                // takes (versions not newer than the one in force are refused).
+                loop {
+                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if let Ok(u) = store.watch_with_history(POLICY_KEY).await {
+                        updates = u;
+                        break;
+                    }
+                }
             }
         }));
         Ok(())

@@ -522,6 +522,72 @@ async fn a_policy_version_put_in_key_value_is_switched_to_atomically() {
     worker.await.unwrap().unwrap();
 }
 
+/// P1 after a JetStream hiccup: when the policy watch's consumer went away (a server
+/// restart, a failover), async-nats reported a missed heartbeat and the node's watch task
+/// ended on that first error, leaving the node on the old policy for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_watch_outlives_the_loss_of_its_consumer() {
+    use bus_schemas::{Envelope, subjects};
+    use futures::StreamExt;
+    use gateway_node::bus::POLICY_KEY;
+
+    let server = NatsServer::start();
+    let url = server.url();
+    let clock = clock();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let kv = foldgate_tests::nats::policy_bucket(&url).await;
+    let key = KeyId {
+        version: 1,
+        digest: 0xabcd_u128 << 64 | 5,
+    };
+    let snapshot = |version: u64| {
+        let windows = [WindowSpec {
+            length_ms: 1_000,
+            limit: 10 * version,
+        }];
+        foldgate_tests::nats::one_plan_snapshot(version, &windows, [key])
+    };
+    kv.put(POLICY_KEY, snapshot(1).encode().into())
+        .await
+        .unwrap();
+    let mut nodes = start_nodes(&url, 1, &clock, &stop).await;
+    let node = &mut nodes[0];
+    node.watch_policy(subjects::POLICY_BUCKET).await.unwrap();
+    let stats = Arc::clone(&node.stats);
+    let wait_until = |what: &'static str, secs: u64, done: &dyn Fn() -> bool| {
+        let by = std::time::Instant::now() + Duration::from_secs(secs);
+        while !done() {
+            assert!(std::time::Instant::now() < by, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let applied = || stats.policy_applied.load(Ordering::Relaxed);
+    tokio::task::block_in_place(|| wait_until("v1 applied", 5, &|| applied() >= 1));
+
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    let stream = js
+        .get_stream(format!("KV_{}", subjects::POLICY_BUCKET))
+        .await
+        .unwrap();
+    let names: Vec<String> = stream.consumer_names().map(|n| n.unwrap()).collect().await;
+    assert!(!names.is_empty(), "the watch has a consumer");
+    for n in &names {
+        stream.delete_consumer(n).await.unwrap();
+    }
+    // async-nats notices at its idle heartbeat (about 10 s).
+    let errors = || stats.policy_watch_errors.load(Ordering::Relaxed);
+    tokio::task::block_in_place(|| {
+        wait_until("the watch saw its consumer go", 30, &|| errors() >= 1)
+    });
+    kv.put(POLICY_KEY, snapshot(2).encode().into())
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| {
+        wait_until("v2 applied after the hiccup", 15, &|| applied() >= 2)
+    });
+    assert_eq!(node.policy().borrow().version, 2);
+}
+
 /// D5 under concurrency: a burst on a key with no credit here sends one fast-path request
 /// to the owner; the requests that arrive while it is in flight wait for its answer
 /// instead of each drawing a 429 (they used to: 31 of 32 denied with the pool nearly full).

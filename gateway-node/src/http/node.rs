@@ -601,6 +601,24 @@ impl NodeGateway {
             );
             metrics::counter(
                 &mut out,
+                "foldgate_policy_applied_total",
+                "Policy snapshots taken into force from key-value (P1).",
+                load(&b.policy_applied),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_policy_refused_total",
+                "Policy snapshots refused whole: bad, or not newer.",
+                load(&b.policy_refused),
+            );
+            metrics::counter(
+                &mut out,
+                "foldgate_policy_watch_errors_total",
+                "Errors and ends of the policy watch, each followed by watching on.",
+                load(&b.policy_watch_errors),
+            );
+            metrics::counter(
+                &mut out,
                 "foldgate_bus_bytes_in_total",
                 "Envelope bytes received.",
                 load(&b.bytes_in),
