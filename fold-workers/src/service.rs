@@ -323,7 +323,7 @@ async fn handle(
 }
 
 /// Shard leases in NATS key-value (issue 4, B1, C8): one key per shard, its value the
-/// holder's name, compare-and-set by revision, expiring after `ttl` unless renewed.
+/// holder's name and process token (`lease_holder`), compare-and-set by revision, expiring after `ttl` unless renewed.
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     pub bucket: String,
@@ -354,6 +354,23 @@ pub struct Candidate {
 
 pub fn lease_key(shard: u32) -> String {
     format!("shard.{shard}")
+}
+
+/// `name#<16 hex>`: a lease value no other process writes (`run_elected_worker`).
+fn lease_holder(name: &str) -> String {
+    use std::hash::BuildHasher;
+    // RandomState is keyed afresh per process from the OS's randomness.
+    let token = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    format!("{name}#{token:016x}")
+}
+
+/// The name part of a lease value (`lease_holder`).
+pub fn lease_holder_name(value: &[u8]) -> String {
+    let value = String::from_utf8_lossy(value);
+    value
+        .rsplit_once('#')
+        .map_or(&*value, |(n, _)| n)
+        .to_string()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -416,6 +433,11 @@ pub async fn run_elected_worker(
         lease,
         policy_bucket,
     } = candidate;
+    // What this process writes into its leases: the name for operators, and a token of
+    // this process's own. Two workers given one name (a copied config) each took the
+    // other's lease as their own on every pass, a new owner epoch with the takeover fence
+    // up each time, and the shard granted almost nothing.
+    let name = lease_holder(&name);
     use async_nats::jetstream::{self, kv};
     let js = jetstream::new(client.clone());
     let store = match js
@@ -555,7 +577,7 @@ async fn take_lease(
         Err(_) => match store.entry(key).await {
             // Taken over by revision (a renewal in between makes the update fail) rather
             // than after the server's expiry sweep, in two cases:
-            // - still ours by name: this worker fenced itself off (a bus outage outlived
+            // - still ours (this process's own value): this worker fenced itself off (a bus outage outlived
             //   half its lease). Nobody else can hold it (the sweep came ~800 ms after an
             //   outage, against F7's 75 ms);
             // - another holder's, unrenewed for a whole ttl by the server's clock (the

@@ -6,8 +6,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use common::workers::{free_port, scrape, value};
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,29 +20,6 @@ use foldgate_tests::tls::{connect_as, start_role_server};
 use futures::StreamExt;
 
 const SHARDS: u32 = 2;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
-fn scrape(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: fold\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.starts_with("HTTP/1.1 200").then_some(text)
-}
-
-fn value(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
 
 const POLICY_LIMIT: u64 = 100;
 const KEY_CANDIDATES: u128 = 64;
