@@ -70,8 +70,15 @@ async fn main() -> Result<()> {
         mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
     });
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    // SIGTERM too: it is what systemd, Kubernetes and `docker stop` send, and with Ctrl-C
+    // alone a deploy never handed the shards back, leaving them unowned for a lease.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("a SIGTERM handler")?;
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
         let _ = stop_tx.send(true);
     });
     let stats = Arc::new(FoldWorkerStats::default());
