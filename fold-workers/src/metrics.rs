@@ -193,6 +193,12 @@ pub fn render(stats: &FoldWorkerStats) -> String {
     );
     counter(
         &mut out,
+        "foldgate_fold_shards_given_up_total",
+        "Shards whose owner found its invariant broken, handed back and not taken again.",
+        &stats.shards_given_up,
+    );
+    counter(
+        &mut out,
         "foldgate_fold_leases_taken_total",
         "Shard leases won (owner changes toward this worker).",
         &stats.leases_taken,

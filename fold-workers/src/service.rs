@@ -75,6 +75,8 @@ pub struct FoldWorkerStats {
     pub rejected: AtomicU64,
     pub publish_errors: AtomicU64,
     pub invariant_breaches: AtomicU64,
+    /// Shards whose owner halted, handed back and not taken again (`give_up_halted`).
+    pub shards_given_up: AtomicU64,
     pub leases_taken: AtomicU64,
     pub leases_lost: AtomicU64,
     /// Valid envelopes for a shard this worker does not (or no longer) own.
@@ -101,6 +103,7 @@ impl Default for FoldWorkerStats {
             rejected: AtomicU64::new(0),
             publish_errors: AtomicU64::new(0),
             invariant_breaches: AtomicU64::new(0),
+            shards_given_up: AtomicU64::new(0),
             leases_taken: AtomicU64::new(0),
             leases_lost: AtomicU64::new(0),
             not_owned: AtomicU64::new(0),
@@ -405,6 +408,38 @@ fn fence_stale_leases(held: &mut BTreeMap<u32, Held>, ttl: Duration, stats: &Fol
     }
 }
 
+/// An owner that found its invariant broken grants nothing more (it halted itself), and
+/// this worker will not guess either: it hands the shard's lease back at once, so another
+/// worker can take the shard with books rebuilt from the nodes' reports behind the
+/// takeover fence (C8), and never takes that shard again itself. Kept, the lease was
+/// renewed for good, every node went degraded on that shard (F5) and stayed so until
+/// someone restarted the worker.
+async fn give_up_halted(
+    store: &async_nats::jetstream::kv::Store,
+    stats: &FoldWorkerStats,
+    held: &mut BTreeMap<u32, Held>,
+    given_up: &mut std::collections::BTreeSet<u32>,
+) {
+    let halted: Vec<u32> = held
+        .iter()
+        .filter(|(_, h)| h.owner.halted().is_some())
+        .map(|(s, _)| *s)
+        .collect();
+    for shard in halted {
+        let Some(h) = held.remove(&shard) else {
+            continue;
+        };
+        let _ = store
+            .delete_expect_revision(lease_key(shard), Some(h.revision))
+            .await;
+        given_up.insert(shard);
+        stats.shards_given_up.fetch_add(1, Ordering::Relaxed);
+        stats
+            .shards_owned
+            .store(held.len() as u64, Ordering::Relaxed);
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         for f in &self.forwarders {
@@ -470,6 +505,8 @@ pub async fn run_elected_worker(
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Inbound>(16_384);
     let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+    // Shards whose owner halted here: not taken again by this process (`give_up_halted`).
+    let mut given_up = std::collections::BTreeSet::new();
     let round_ms = config_for(0).round_ms;
     let mut rounds = interval(Duration::from_millis(u64::from(round_ms)));
     let mut leases = interval(lease.renew_every);
@@ -507,7 +544,9 @@ pub async fn run_elected_worker(
                         }
                     }
                 }
-                let free: Vec<u32> = (0..shard_count).filter(|s| !held.contains_key(s)).collect();
+                let free: Vec<u32> = (0..shard_count)
+                    .filter(|s| !held.contains_key(s) && !given_up.contains(s))
+                    .collect();
                 let taken = futures::future::join_all(free.into_iter().map(|shard| {
                     let (store, name) = (&store, name.clone());
                     let lease = &lease;
@@ -546,7 +585,8 @@ pub async fn run_elected_worker(
             }
             _ = rounds.tick() => {
                 fence_stale_leases(&mut held, lease.ttl, &stats);
-                tick_round(&client, &stats, &mut held, clock()).await
+                tick_round(&client, &stats, &mut held, clock()).await;
+                give_up_halted(&store, &stats, &mut held, &mut given_up).await;
             }
             Ok(()) = policy_rx.changed() => {
                 if let Some(p) = policy_rx.borrow_and_update().clone() {
@@ -559,6 +599,7 @@ pub async fn run_elected_worker(
                 let Some(m) = m else { return Ok(()) };
                 fence_stale_leases(&mut held, lease.ttl, &stats);
                 handle(&client, &stats, &mut held, &clock, m).await;
+                give_up_halted(&store, &stats, &mut held, &mut given_up).await;
             }
         }
     }

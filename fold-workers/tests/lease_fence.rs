@@ -144,3 +144,42 @@ async fn a_paused_owner_sends_nothing_under_the_epoch_it_lost() {
         "{stale} of {seen} grant batches after the resume carried the lost epoch"
     );
 }
+
+/// An owner that finds its invariant broken halts (it grants nothing more); its worker
+/// then hands the shard back and never takes it again, so another worker can own it
+/// afresh. The lease used to be renewed for good, the shard dark until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halted_owner_hands_its_shard_to_another_worker() {
+    let server = NatsServer::start();
+    let _a = spawn_fold_worker(&server.url(), "a", 1, LEASE_MS);
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let store = lease_store(client.clone()).await;
+    let by = Instant::now() + Duration::from_secs(10);
+    while holder(&store, 0).await.map(|h| h.0).as_deref() != Some("a") {
+        assert!(Instant::now() < by, "a took no lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Node 0 by its own account holds twice the window's allowance: the books cannot
+    // both be right, and the owner halts rather than guess.
+    let mut broken = report(1);
+    let allowance = broken.entries[0].allowance;
+    broken.entries[0].applied_grant = 2 * allowance;
+    client
+        .publish(subjects::report(0), broken.encode().into())
+        .await
+        .unwrap();
+    let by = Instant::now() + Duration::from_secs(3);
+    while holder(&store, 0).await.is_some() {
+        assert!(Instant::now() < by, "the halted owner kept its lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Five lease passes: a does not take it back.
+    tokio::time::sleep(Duration::from_millis(5 * LEASE_MS / 4)).await;
+    assert_eq!(holder(&store, 0).await, None, "a took the shard it gave up");
+    let _b = spawn_fold_worker(&server.url(), "b", 1, LEASE_MS);
+    let by = Instant::now() + Duration::from_secs(10);
+    while holder(&store, 0).await.map(|h| h.0).as_deref() != Some("b") {
+        assert!(Instant::now() < by, "b did not take the shard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
