@@ -30,6 +30,9 @@ enum Command {
     Upstream(UpstreamArgs),
     /// Print a node config `[policy]` table for seeded bench keys (ids only, never keys).
     BenchPolicy(BenchPolicyArgs),
+    /// Read API keys from standard input, one a line, and print each one's key id (D2)
+    /// under the node's hash key, for a policy's `key_id`: the ids only, never the keys.
+    KeyId(KeyIdArgs),
     /// Print one seeded bench key, for an external load generator's command line.
     BenchKey {
         #[arg(long, default_value_t = 1)]
@@ -57,6 +60,15 @@ struct UpstreamArgs {
     /// Answer each request after this long, ms.
     #[arg(long, default_value_t = 0)]
     delay_ms: u64,
+}
+
+#[derive(clap::Args)]
+struct KeyIdArgs {
+    /// File holding the node's hash key (hex).
+    #[arg(long)]
+    hash_key_file: std::path::PathBuf,
+    #[arg(long, default_value_t = 1)]
+    hash_key_version: u8,
 }
 
 #[derive(clap::Args)]
@@ -237,6 +249,7 @@ fn main() -> Result<()> {
         Command::Demo(args) => http_cmd::demo(args),
         Command::Upstream(args) => http_cmd::upstream(args),
         Command::BenchPolicy(args) => http_cmd::bench_policy(args),
+        Command::KeyId(args) => http_cmd::key_id(args),
         Command::BenchKey { key_seed, index } => {
             println!("{}", ops::http_tools::bench_key(key_seed, index));
             Ok(())
@@ -719,6 +732,25 @@ mod http_cmd {
             http_tools::run_upstream(listener, a.delay_ms, stop).await;
             Ok(())
         })
+    }
+
+    pub fn key_id(a: KeyIdArgs) -> Result<()> {
+        use std::io::BufRead;
+        let hex = std::fs::read_to_string(&a.hash_key_file)
+            .with_context(|| format!("reading {}", a.hash_key_file.display()))?;
+        let hasher = gateway_node::http::auth::KeyHasher::from_hex(a.hash_key_version, &hex)?;
+        let mut out = std::io::stdout().lock();
+        for (n, line) in std::io::stdin().lock().lines().enumerate() {
+            // The error names the line, never its text: that is a key.
+            let line = line.with_context(|| format!("reading line {} of standard input", n + 1))?;
+            let raw = line.trim_end_matches('\r');
+            if raw.is_empty() {
+                continue;
+            }
+            let id = gateway_node::http::auth::KeyIdText(hasher.key_id(raw.as_bytes()));
+            writeln!(out, "{id}")?;
+        }
+        Ok(())
     }
 
     pub fn bench_policy(a: BenchPolicyArgs) -> Result<()> {
