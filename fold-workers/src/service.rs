@@ -765,6 +765,11 @@ async fn watch_policy(
                 Some(Ok(e)) => e,
                 Some(Err(_)) => {
                     stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                    // Not a hot loop if the errors keep coming.
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
                     continue;
                 }
                 None => {

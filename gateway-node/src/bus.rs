@@ -190,6 +190,11 @@ pub(crate) async fn join_fast_path(
     surface.decide_after_fast_path(need.key, now.wall_ms, policy, missed)
 }
 
+/// After a policy watch error, before the next look (`NodeBus::watch_policy`).
+const POLICY_WATCH_PAUSE: Duration = Duration::from_millis(100);
+/// After a policy watch ends, before watching again.
+const POLICY_REWATCH_PAUSE: Duration = Duration::from_secs(1);
+
 impl NodeBus {
     /// Starts the tick and grant tasks on the current tokio runtime; they stop when
     /// `shutdown` turns true or the connection closes.
@@ -342,6 +347,8 @@ impl NodeBus {
                     // Stopping at the first one froze the policy in force for good.
                     let Ok(entry) = next else {
                         stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+                        // Not a hot loop if the errors keep coming.
+                        tokio::time::sleep(POLICY_WATCH_PAUSE).await;
                         continue;
                     };
                     let index = PolicySnapshot::decode(&entry.value)
@@ -359,7 +366,7 @@ impl NodeBus {
                 // takes (versions not newer than the one in force are refused).
                 loop {
                     stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(POLICY_REWATCH_PAUSE).await;
                     if let Ok(u) = store.watch_with_history(POLICY_KEY).await {
                         updates = u;
                         break;
