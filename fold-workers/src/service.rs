@@ -560,6 +560,11 @@ pub async fn run_elected_worker(
                 for (shard, sent, renewed) in pass.renewals {
                     // Fenced or given up meanwhile: that shard is no longer this loop's.
                     let Some(h) = held.get_mut(&shard).filter(|h| h.revision == sent) else {
+                        // Given up: the renewal moved the lease past the revision the hand-back
+                        // deleted at, so hand it back at the new one (else it stays dark a lease).
+                        if let Some(rev) = renewed.filter(|_| given_up.contains(&shard)) {
+                            let _ = store.delete_expect_revision(lease_key(shard), Some(rev)).await;
+                        }
                         continue;
                     };
                     match renewed {

@@ -398,6 +398,9 @@ pub(crate) struct Backstop {
 }
 
 const BACKSTOP_SLOTS: usize = 1 << 16;
+/// A slot is its second (the high 32 bits) and the count admitted in it (the low 32).
+const SECOND_SHIFT: u32 = 32;
+const COUNT_MAX: u64 = u32::MAX as u64;
 
 impl Backstop {
     pub(crate) fn new() -> Self {
@@ -414,7 +417,8 @@ impl Backstop {
     /// One admission for whatever hashes to `hash` in the second `wall_ms` falls in, if
     /// either of its slots admitted fewer than `floor_per_s` in it.
     pub(crate) fn try_admit_hash(&self, hash: u64, wall_ms: u64, floor_per_s: u64) -> bool {
-        let second = (wall_ms / 1_000) & ((1 << 24) - 1);
+        // Whole seconds since the epoch fit the slot's 32 bits until 2106.
+        let second = (wall_ms / 1_000).min(u64::from(u32::MAX));
         let first = &self.rows[0][(hash as usize) & (BACKSTOP_SLOTS - 1)];
         let other = &self.rows[1][((hash >> 32) as usize) & (BACKSTOP_SLOTS - 1)];
         if Self::count(first, second, floor_per_s) {
@@ -430,10 +434,13 @@ impl Backstop {
     fn count(slot: &AtomicU64, second: u64, below: u64) -> bool {
         let mut cur = slot.load(Ordering::Acquire);
         loop {
-            let (sec, count) = (cur >> 40, cur & credit::CREDIT_MAX);
-            let next = if sec != second {
-                (second << 40) | 1
-            } else if count < below.min(credit::CREDIT_MAX) {
+            let (sec, count) = (cur >> SECOND_SHIFT, cur & COUNT_MAX);
+            // Only a later second starts the count again. A call with an earlier one (a
+            // clock read before a wait) counts against the slot's second: resetting on it
+            // gave the second's keys their floor twice over.
+            let next = if second > sec {
+                (second << SECOND_SHIFT) | 1
+            } else if count < below.min(COUNT_MAX) {
                 cur + 1
             } else {
                 return false;
@@ -1001,6 +1008,23 @@ mod tests {
         assert_eq!(admitted(&b, x, 3), 3);
         assert_eq!(admitted(&b, y, 1_000), FLOOR);
         assert_eq!(admitted(&b, x, 1_000), FLOOR - 3);
+    }
+
+    /// A call with an earlier second (a clock read before a wait) used to start the slot
+    /// over, and the second's keys got their floor twice.
+    #[test]
+    fn a_late_call_with_an_earlier_second_does_not_reset_the_count() {
+        let b = Backstop::new();
+        assert_eq!(admitted(&b, 42, 100), FLOOR);
+        assert!(
+            !b.try_admit_hash(42, T - 1_000, FLOOR),
+            "counted against the newer second"
+        );
+        assert_eq!(admitted(&b, 42, 100), 0);
+        assert!(
+            b.try_admit_hash(42, T + 1_000, FLOOR),
+            "a later second starts over"
+        );
     }
 
     /// What is left: a key sharing both slots with full ones is turned away.

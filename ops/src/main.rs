@@ -384,12 +384,16 @@ mod bench {
                     }
                 })
             };
+            // Workers are named w0, w1, ...; the lease holds the name and a process token.
             let victim = match store.get(fold_workers::service::lease_key(0)).await {
-                Ok(Some(v)) => String::from_utf8_lossy(&v)
-                    .get(1..)
+                Ok(Some(v)) => fold_workers::service::lease_holder_name(&v)
+                    .strip_prefix('w')
                     .and_then(|n| n.parse::<usize>().ok()),
                 _ => None,
             };
+            if a.kill_owner_at.is_some() && victim.is_none() {
+                bail!("--kill-owner-at: no worker named in shard 0's lease");
+            }
             let rate_per_key_milli = a.rate * 1_000 / a.keys as u64;
             let windows = ops::fleet::drill_plan_for(rate_per_key_milli);
             let kill_at = a.kill_owner_at.map(Duration::from_secs_f64);
@@ -743,11 +747,19 @@ mod http_cmd {
         for (n, line) in std::io::stdin().lock().lines().enumerate() {
             // The error names the line, never its text: that is a key.
             let line = line.with_context(|| format!("reading line {} of standard input", n + 1))?;
-            let raw = line.trim_end_matches('\r');
-            if raw.is_empty() {
+            if line.trim().is_empty() {
                 continue;
             }
-            let id = gateway_node::http::auth::KeyIdText(hasher.key_id(raw.as_bytes()));
+            // Taken as the gateway takes it, or refused: an id for a key the gateway
+            // would trim differently or refuse would be a dead policy entry.
+            let Some(raw) = gateway_node::http::auth::well_formed_key(line.as_bytes()) else {
+                bail!(
+                    "line {} of standard input is not a well-formed API key (8 to 256 \
+                     printable ASCII bytes)",
+                    n + 1
+                );
+            };
+            let id = gateway_node::http::auth::KeyIdText(hasher.key_id(raw));
             writeln!(out, "{id}")?;
         }
         Ok(())

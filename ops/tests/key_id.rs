@@ -20,7 +20,8 @@ fn key_id_prints_the_gateways_ids_and_never_a_key() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let input = format!("{}\r\n\n{}\n", keys[0], keys[1]);
+    // Trimmed as the gateway trims a header's key.
+    let input = format!("{} \r\n\n\t{}\n", keys[0], keys[1]);
     child
         .stdin
         .take()
@@ -44,4 +45,32 @@ fn key_id_prints_the_gateways_ids_and_never_a_key() {
     for k in keys {
         assert!(!text.contains(k), "a raw key in the output: {text}");
     }
+}
+
+/// A line the gateway would refuse as malformed gets no id (it would be a dead policy
+/// entry); the error names the line, never its text.
+#[test]
+fn key_id_refuses_a_key_the_gateway_would_refuse() {
+    let file = std::env::temp_dir().join(format!("foldgate-key-id-bad-{}.hex", std::process::id()));
+    std::fs::write(&file, "ab".repeat(32)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_foldgate"))
+        .args(["key-id", "--hash-key-file"])
+        .arg(&file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"fgk_fine_key_0001\nshort7\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    std::fs::remove_file(&file).ok();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+    assert!(!err.contains("short7"), "{err}");
 }

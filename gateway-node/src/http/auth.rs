@@ -61,13 +61,16 @@ pub fn extract_key(headers: &HeaderMap) -> Result<&[u8], AuthError> {
     {
         return Err(AuthError::Malformed);
     }
-    let well_formed = (RAW_KEY_MIN_BYTES..=RAW_KEY_MAX_BYTES).contains(&key.len())
-        && key.iter().all(|b| b.is_ascii_graphic());
-    if well_formed {
-        Ok(key)
-    } else {
-        Err(AuthError::Malformed)
-    }
+    well_formed_key(key).ok_or(AuthError::Malformed)
+}
+
+/// A raw key as the gateway takes it: trimmed of ASCII whitespace, then 8 to 256 printable
+/// ASCII bytes; `None` for anything the gateway would refuse as malformed.
+pub fn well_formed_key(raw: &[u8]) -> Option<&[u8]> {
+    let key = trim(raw);
+    ((RAW_KEY_MIN_BYTES..=RAW_KEY_MAX_BYTES).contains(&key.len())
+        && key.iter().all(|b| b.is_ascii_graphic()))
+    .then_some(key)
 }
 
 fn trim(v: &[u8]) -> &[u8] {
