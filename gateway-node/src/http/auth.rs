@@ -197,7 +197,7 @@ impl CorrelationIds {
                 && b.len() <= CORRELATION_ID_MAX_BYTES
                 && b.iter()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
-            if valid {
+            if valid && !holds_credential(b, headers) {
                 // Checked ASCII above.
                 return String::from_utf8_lossy(b).into_owned();
             }
@@ -205,6 +205,34 @@ impl CorrelationIds {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{:016x}{:016x}", self.seed, splitmix(self.seed ^ n))
     }
+}
+
+/// Whether `id` holds a credential this request carries, or 8 bytes or more of one: kept,
+/// a client that sent its key as its request id had it logged, echoed in every answer and
+/// archived with its limit events.
+fn holds_credential(id: &[u8], headers: &HeaderMap) -> bool {
+    let contains = |hay: &[u8], needle: &[u8]| {
+        needle.len() >= RAW_KEY_MIN_BYTES && hay.windows(needle.len()).any(|w| w == needle)
+    };
+    let bearer = headers
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .map(|v| {
+            let v = v.as_bytes();
+            let scheme = b"bearer ";
+            if v.len() >= scheme.len() && v[..scheme.len()].eq_ignore_ascii_case(scheme) {
+                trim(&v[scheme.len()..])
+            } else {
+                trim(v)
+            }
+        });
+    let header = headers
+        .get_all("x-api-key")
+        .iter()
+        .map(|v| trim(v.as_bytes()));
+    bearer
+        .chain(header)
+        .any(|cred| contains(cred, id) || contains(id, cred))
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -309,5 +337,29 @@ mod tests {
         assert_ne!(made, ids.for_request(&headers(&[])));
         let long = "a".repeat(CORRELATION_ID_MAX_BYTES + 1);
         assert_ne!(ids.for_request(&headers(&[("x-request-id", &long)])), long);
+    }
+
+    /// A client that sends its key (or a piece of it) as its request id does not get it
+    /// logged and echoed: the id is replaced.
+    #[test]
+    fn a_request_id_holding_the_key_is_replaced() {
+        let ids = CorrelationIds::default();
+        let key = "fgk_live_0123456789abcdef";
+        for (name, value) in [
+            ("authorization", format!("Bearer {key}")),
+            ("x-api-key", key.to_string()),
+        ] {
+            for id in [key, &key[..12], &format!("req-{key}")] {
+                let got =
+                    ids.for_request(&headers(&[(name, value.as_str()), ("x-request-id", id)]));
+                assert_ne!(got, id, "{name}");
+                assert!(!got.contains(&key[..8]), "{got}");
+            }
+        }
+        let own = ids.for_request(&headers(&[
+            ("authorization", &format!("Bearer {key}")),
+            ("x-request-id", "trace-42"),
+        ]));
+        assert_eq!(own, "trace-42", "an id of the client's own is kept");
     }
 }
