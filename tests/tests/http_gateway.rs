@@ -934,3 +934,36 @@ async fn a_stalled_upload_is_given_up_at_the_body_read_timeout() {
     assert_eq!(upstream_in_flight(&gw).await.as_deref(), Some("0"));
     drop(s);
 }
+
+/// ADR-7, a rotation under way: a node whose own hash key is version 2 still finds a key
+/// the policy names by its version-1 id, through `other_hash_keys`; without it, the node
+/// refused every key the policy had not yet moved to version 2 (401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_named_by_another_live_hash_version_is_found() {
+    use gateway_node::http::auth::KeyHasher;
+    let (up, _up_stop) = start_upstream(0).await;
+    let v1_hex = "1f".repeat(32);
+    let v1_file = std::env::temp_dir().join(format!("foldgate-v1-{}.hex", std::process::id()));
+    std::fs::write(&v1_file, &v1_hex).unwrap();
+    let v1 = KeyHasher::from_hex(1, &v1_hex).unwrap();
+    let v1_policy =
+        ops::http_tools::bench_policy_toml(&v1, foldgate_tests::http::KEY_SEED, 1, EASY);
+    let own_v2 = "hash_key_version = 2";
+    let rotating = format!(
+        "{own_v2}\nother_hash_keys = [{{ version = 1, file = \"{}\" }}]",
+        v1_file.display()
+    );
+    let gw = start_gateway(up, &rotating, &v1_policy).await;
+    let c = plain_client();
+    let (status, _, body) = get_once(&c, &gw.url("/"), Some(&key(0))).await.unwrap();
+    assert_eq!(status.as_u16(), 200, "found under version 1: {body}");
+    let (status, _, _) = get_once(&c, &gw.url("/"), Some(&key(1))).await.unwrap();
+    assert_eq!(status.as_u16(), 401, "a key the policy does not name");
+    let (up, _up_stop2) = start_upstream(0).await;
+    let without = start_gateway(up, own_v2, &v1_policy).await;
+    let (status, _, _) = get_once(&c, &without.url("/"), Some(&key(0)))
+        .await
+        .unwrap();
+    assert_eq!(status.as_u16(), 401, "version 2 alone does not find it");
+    std::fs::remove_file(&v1_file).ok();
+}

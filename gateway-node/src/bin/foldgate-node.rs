@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
     }
     init_logging(&settings.log_format, &settings.log_level);
     // Fail before binding anything if the secret or the fleet shape is wrong.
-    settings.hasher()?;
+    settings.hashers()?;
     settings.node_config()?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -45,6 +45,8 @@ pub struct NodeSettings {
     pub hash_key_version: u8,
     pub hash_key_file: Option<PathBuf>,
     pub hash_key_hex: Option<String>,
+    /// ADR-7: hash keys of other versions, still live (a rotation under way).
+    pub other_hash_keys: Vec<OtherHashKey>,
     pub nats_url: String,
     pub nats_ca_file: Option<PathBuf>,
     pub nats_cert_file: Option<PathBuf>,
@@ -54,6 +56,14 @@ pub struct NodeSettings {
     pub server: ServerSettings,
     pub upstream: UpstreamSettings,
     pub policy: PolicySettings,
+}
+
+/// A hash key of another version (ADR-7), read from its own file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtherHashKey {
+    pub version: u8,
+    pub file: PathBuf,
 }
 
 impl Default for NodeSettings {
@@ -73,6 +83,7 @@ impl Default for NodeSettings {
             hash_key_version: 1,
             hash_key_file: None,
             hash_key_hex: None,
+            other_hash_keys: Vec::new(),
             nats_url: String::new(),
             nats_ca_file: None,
             nats_cert_file: None,
@@ -133,6 +144,8 @@ pub enum SettingsError {
     HashKeyFile(PathBuf, std::io::Error),
     #[error("hash key: {0}")]
     HashKey(#[from] super::auth::HashKeyError),
+    #[error("hash key version {0} is given twice (`hash_key_version`, `other_hash_keys`)")]
+    HashKeyVersionTwice(u8),
     #[error("`policy.keys[{0}].key_id` is not a key id (v<version>:<32 hex>)")]
     KeyId(usize),
     #[error("policy: {0}")]
@@ -165,6 +178,23 @@ impl NodeSettings {
             (None, None) => return Err(SettingsError::NoHashKey),
         };
         Ok(KeyHasher::from_hex(self.hash_key_version, &hex)?)
+    }
+
+    /// Every live hash key, this node's own version first, then `other_hash_keys` in order
+    /// (ADR-7, `NodeGateway::resolve`).
+    pub fn hashers(&self) -> Result<Vec<KeyHasher>, SettingsError> {
+        let mut all = vec![self.hasher()?];
+        let mut versions = vec![self.hash_key_version];
+        for other in &self.other_hash_keys {
+            if versions.contains(&other.version) {
+                return Err(SettingsError::HashKeyVersionTwice(other.version));
+            }
+            versions.push(other.version);
+            let hex = std::fs::read_to_string(&other.file)
+                .map_err(|e| SettingsError::HashKeyFile(other.file.clone(), e))?;
+            all.push(KeyHasher::from_hex(other.version, &hex)?);
+        }
+        Ok(all)
     }
 
     pub fn node_config(&self) -> Result<NodeConfig, SettingsError> {
@@ -370,7 +400,8 @@ impl Runtime {
 pub struct NodeGateway {
     pub runtime: Runtime,
     pub metrics: GatewayMetrics,
-    hasher: KeyHasher,
+    /// ADR-7: this node's hash key first, then those of other live versions.
+    hashers: Vec<KeyHasher>,
     ids: CorrelationIds,
     upstream: Upstream,
     policy: watch::Receiver<Arc<PolicyIndex>>,
@@ -390,7 +421,7 @@ impl NodeGateway {
             policy: runtime.policy(),
             runtime,
             metrics: GatewayMetrics::default(),
-            hasher: settings.hasher()?,
+            hashers: settings.hashers()?,
             ids: CorrelationIds::default(),
             upstream: settings.upstream.build(&settings.server.limits())?,
             clock,
@@ -405,12 +436,11 @@ impl NodeGateway {
         cid: &str,
     ) -> Response<Body> {
         // D1: authenticate first; nothing unauthenticated reaches the limiter.
-        let key = match extract_key(req.headers()) {
-            Ok(raw) => self.hasher.key_id(raw),
+        let raw = match extract_key(req.headers()) {
+            Ok(raw) => raw,
             Err(e) => return self.unauthorized(e, cid),
         };
-        let policy = self.policy.borrow().get(&key).copied();
-        let Some(policy) = policy else {
+        let Some((key, policy)) = self.resolve(raw) else {
             return self.unauthorized(AuthError::Unknown, cid);
         };
         // Before the limiter: a request shed for overload must not spend the allowance.
@@ -478,6 +508,22 @@ impl NodeGateway {
         }
         tracing::debug!(correlation_id = cid, key_id = %key_text, status = resp.status().as_u16(), "proxied");
         resp
+    }
+
+    /// ADR-7: the key id the policy names for `raw`, under the first live hash key (this
+    /// node's own version, then `other_hash_keys` in order) whose id it names, and that
+    /// key's policy. A rotation is then: give every node the new key as an other key
+    /// (nothing changes: the policy names the old ids); switch the policy from the old
+    /// ids to the new, one version, so every node moves to the new ids as it takes it;
+    /// make the new key each node's own and drop the old. A key is never counted under
+    /// two ids at once by nodes that follow the policy, and never refused for being
+    /// hashed under a version the policy does not name.
+    fn resolve(&self, raw: &[u8]) -> Option<(bus_schemas::KeyId, crate::KeyPolicy)> {
+        let index = self.policy.borrow();
+        self.hashers.iter().find_map(|h| {
+            let key = h.key_id(raw);
+            index.get(&key).map(|p| (key, *p))
+        })
     }
 
     fn unauthorized(&self, e: AuthError, cid: &str) -> Response<Body> {
@@ -688,6 +734,28 @@ impl Gateway for NodeGateway {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ADR-7: each live version once; two keys claiming one version would hash a key two
+    /// ways under one name.
+    #[test]
+    fn two_hash_keys_of_one_version_are_refused() {
+        let file = std::env::temp_dir().join(format!("foldgate-hk-{}.hex", std::process::id()));
+        std::fs::write(&file, "2e".repeat(32)).unwrap();
+        let settings = |version| NodeSettings {
+            hash_key_hex: Some("1f".repeat(32)),
+            other_hash_keys: vec![OtherHashKey {
+                version,
+                file: file.clone(),
+            }],
+            ..NodeSettings::default()
+        };
+        assert_eq!(settings(2).hashers().unwrap().len(), 2);
+        assert!(matches!(
+            settings(1).hashers(),
+            Err(SettingsError::HashKeyVersionTwice(1))
+        ));
+        std::fs::remove_file(&file).ok();
+    }
 
     /// Every knob is in the example file, which parses to the defaults.
     fn documented<T: Serialize + serde::de::DeserializeOwned>(example: &str, default: &T) {
