@@ -515,9 +515,10 @@ impl NodeGateway {
     /// key's policy. A rotation is then: give every node the new key as an other key
     /// (nothing changes: the policy names the old ids); switch the policy from the old
     /// ids to the new, one version, so every node moves to the new ids as it takes it;
-    /// make the new key each node's own and drop the old. A key is never counted under
-    /// two ids at once by nodes that follow the policy, and never refused for being
-    /// hashed under a version the policy does not name.
+    /// make the new key each node's own and drop the old. No key is refused for being
+    /// hashed under a version the policy does not name. A key is counted under two ids
+    /// only while the switch reaches the nodes, and its new id starts its windows afresh:
+    /// in the window of the switch it may be admitted up to twice its allowance.
     fn resolve(&self, raw: &[u8]) -> Option<(bus_schemas::KeyId, crate::KeyPolicy)> {
         let index = self.policy.borrow();
         self.hashers.iter().find_map(|h| {
