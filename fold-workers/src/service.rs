@@ -326,7 +326,8 @@ async fn handle(
 }
 
 /// Shard leases in NATS key-value (issue 4, B1, C8): one key per shard, its value the
-/// holder's name and process token (`lease_holder`), compare-and-set by revision, expiring after `ttl` unless renewed.
+/// holder's name and process token (`lease_holder`), compare-and-set by revision,
+/// expiring after `ttl` unless renewed.
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     pub bucket: String,
@@ -408,6 +409,14 @@ fn fence_stale_leases(held: &mut BTreeMap<u32, Held>, ttl: Duration, stats: &Fol
     }
 }
 
+/// Gives `shard`'s lease up at once, if it is still at revision `rev` (the lease is this
+/// worker's); the fleet does not wait for it to lapse. A failure leaves it to lapse.
+async fn hand_back(store: &async_nats::jetstream::kv::Store, shard: u32, rev: u64) {
+    let _ = store
+        .delete_expect_revision(lease_key(shard), Some(rev))
+        .await;
+}
+
 /// An owner that found its invariant broken grants nothing more (it halted itself), and
 /// this worker will not guess either: it hands the shard's lease back at once, so another
 /// worker can take the shard with books rebuilt from the nodes' reports behind the
@@ -429,9 +438,7 @@ async fn give_up_halted(
         let Some(h) = held.remove(&shard) else {
             continue;
         };
-        let _ = store
-            .delete_expect_revision(lease_key(shard), Some(h.revision))
-            .await;
+        hand_back(store, shard, h.revision).await;
         given_up.insert(shard);
         stats.shards_given_up.fetch_add(1, Ordering::Relaxed);
         stats
@@ -524,7 +531,7 @@ pub async fn run_elected_worker(
                     && let Ok(Some(pass)) = tokio::time::timeout(lease.ttl, pass_rx.recv()).await
                 {
                     for (shard, rev) in pass.taken {
-                        let _ = store.delete_expect_revision(lease_key(shard), Some(rev)).await;
+                        hand_back(&store, shard, rev).await;
                     }
                     for (shard, sent, renewed) in pass.renewals {
                         if let (Some(h), Some(rev)) = (held.get_mut(&shard), renewed)
@@ -536,7 +543,7 @@ pub async fn run_elected_worker(
                 }
                 // Hand the shards back at once rather than make the fleet wait a lease.
                 for (shard, h) in std::mem::take(&mut held) {
-                    let _ = store.delete_expect_revision(lease_key(shard), Some(h.revision)).await;
+                    hand_back(&store, shard, h.revision).await;
                 }
                 return Ok(());
             }
@@ -563,7 +570,7 @@ pub async fn run_elected_worker(
                         // Given up: the renewal moved the lease past the revision the hand-back
                         // deleted at, so hand it back at the new one (else it stays dark a lease).
                         if let Some(rev) = renewed.filter(|_| given_up.contains(&shard)) {
-                            let _ = store.delete_expect_revision(lease_key(shard), Some(rev)).await;
+                            hand_back(&store, shard, rev).await;
                         }
                         continue;
                     };
@@ -695,8 +702,8 @@ async fn take_lease(
         Err(_) => match store.entry(key).await {
             // Taken over by revision (a renewal in between makes the update fail) rather
             // than after the server's expiry sweep, in two cases:
-            // - still ours (this process's own value): this worker fenced itself off (a bus outage outlived
-            //   half its lease). Nobody else can hold it (the sweep came ~800 ms after an
+            // - still ours (this process's own value): this worker fenced itself off (a
+            //   bus outage outlived half its lease). Nobody else can hold it (the sweep came ~800 ms after an
             //   outage, against F7's 75 ms);
             // - another holder's, unrenewed for a whole ttl by the server's clock (the
             //   sweep came 86-131 ms after the ttl in the kill drill). Safe while clocks
@@ -742,64 +749,70 @@ async fn watch_policy(
         if let Ok(s) = js.get_key_value(bucket.clone()).await {
             break s;
         }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        if !pause(&mut shutdown, Duration::from_secs(1)).await {
+            return;
         }
     };
     // A watch that fails to start, or ends, is started again once a second: returning
-    // left the worker on the policy in force for good.
+    // left the worker on the policy in force for good. After an error it carries on, a
+    // little later, so errors that keep coming are no hot loop.
     let mut updates = None;
     loop {
-        let Some(watch) = updates.as_mut() else {
-            match store.watch_with_history(subjects::POLICY_KEY).await {
-                Ok(w) => updates = Some(w),
-                Err(_) => {
-                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
-                    tokio::select! {
-                        _ = shutdown.changed() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
-            continue;
-        };
-        let entry = tokio::select! {
-            _ = shutdown.changed() => return,
-            e = watch.next() => match e {
-                Some(Ok(e)) => e,
-                Some(Err(_)) => {
-                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
-                    // Not a hot loop if the errors keep coming.
-                    tokio::select! {
-                        _ = shutdown.changed() => return,
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    }
+        let wait = match updates.as_mut() {
+            None => match store.watch_with_history(subjects::POLICY_KEY).await {
+                Ok(w) => {
+                    updates = Some(w);
                     continue;
                 }
+                Err(_) => Duration::from_secs(1),
+            },
+            Some(watch) => match tokio::select! {
+                _ = shutdown.changed() => return,
+                e = watch.next() => e,
+            } {
+                Some(Ok(entry)) => {
+                    take_policy(&entry.value, &publish, &stats);
+                    continue;
+                }
+                Some(Err(_)) => Duration::from_millis(100),
                 None => {
-                    stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
                     updates = None;
-                    tokio::select! {
-                        _ = shutdown.changed() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                    continue;
+                    Duration::from_secs(1)
                 }
             },
         };
-        let newest = publish.borrow().as_ref().map_or(0, |p| p.version);
-        match PolicySnapshot::decode(&entry.value)
-            .ok()
-            .and_then(|s| OwnerPolicy::from_snapshot(&s).ok())
-        {
-            Some(p) if p.version > newest => {
-                publish.send_replace(Some(Arc::new(p)));
-                stats.policy_applied.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {
-                stats.policy_refused.fetch_add(1, Ordering::Relaxed);
-            }
+        stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+        if !pause(&mut shutdown, wait).await {
+            return;
+        }
+    }
+}
+
+/// Waits `wait`; false if `shutdown` came first.
+async fn pause(shutdown: &mut watch::Receiver<bool>, wait: Duration) -> bool {
+    tokio::select! {
+        _ = shutdown.changed() => false,
+        _ = tokio::time::sleep(wait) => true,
+    }
+}
+
+/// One snapshot from the watch: into force if it is valid and newer, else refused.
+fn take_policy(
+    value: &[u8],
+    publish: &watch::Sender<Option<Arc<OwnerPolicy>>>,
+    stats: &FoldWorkerStats,
+) {
+    let newest = publish.borrow().as_ref().map_or(0, |p| p.version);
+    match PolicySnapshot::decode(value)
+        .ok()
+        .and_then(|s| OwnerPolicy::from_snapshot(&s).ok())
+    {
+        Some(p) if p.version > newest => {
+            publish.send_replace(Some(Arc::new(p)));
+            stats.policy_applied.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {
+            stats.policy_refused.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -282,6 +282,11 @@ mod tests {
 
     /// Holds the books for `hold` on a blocking thread, as a round's long pass would;
     /// returns once they are held.
+    /// A plan of one window of `limit` in `length_ms`, at `round_ms` rounds.
+    fn one_window(length_ms: u32, limit: u64, round_ms: u32) -> KeyPolicy {
+        KeyPolicy::new(&[WindowSpec { length_ms, limit }], round_ms).unwrap()
+    }
+
     fn hold_books(bus: &Arc<EmbeddedBus>, hold: Duration) -> tokio::task::JoinHandle<()> {
         let held = Arc::clone(bus);
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
@@ -304,14 +309,7 @@ mod tests {
         use bus_schemas::LimitReason;
 
         let (bus, clock, key, _stop) = started(25, 0xdead_u128 << 64 | 1);
-        let policy = KeyPolicy::new(
-            &[WindowSpec {
-                length_ms: 1_000,
-                limit: 100,
-            }],
-            25,
-        )
-        .unwrap();
+        let policy = one_window(1_000, 100, 25);
         let holder = hold_books(&bus, Duration::from_millis(300));
         let asked = Instant::now();
         let decision = bus.decide_at(key, &policy, clock()).await;
@@ -338,14 +336,7 @@ mod tests {
         // Second-long rounds: no round's tick lets go of the books (and wakes the
         // waiter) within the test, so only the holder's release can.
         let (bus, clock, key, _stop) = started(1_000, 0xbeef_u128 << 64 | 1);
-        let policy = KeyPolicy::new(
-            &[WindowSpec {
-                length_ms: 60_000,
-                limit: 1_000,
-            }],
-            1_000,
-        )
-        .unwrap();
+        let policy = one_window(60_000, 1_000, 1_000);
         // Past the start's first round.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let holder = hold_books(&bus, Duration::from_millis(10));

@@ -62,8 +62,9 @@ struct UpstreamArgs {
     delay_ms: u64,
 }
 
+/// The node's hash key (D2), for the commands that print key ids.
 #[derive(clap::Args)]
-struct KeyIdArgs {
+struct HashKeyArgs {
     /// File holding the node's hash key (hex).
     #[arg(long)]
     hash_key_file: std::path::PathBuf,
@@ -72,12 +73,15 @@ struct KeyIdArgs {
 }
 
 #[derive(clap::Args)]
+struct KeyIdArgs {
+    #[command(flatten)]
+    hash_key: HashKeyArgs,
+}
+
+#[derive(clap::Args)]
 struct BenchPolicyArgs {
-    /// File holding the node's hash key (hex).
-    #[arg(long)]
-    hash_key_file: std::path::PathBuf,
-    #[arg(long, default_value_t = 1)]
-    hash_key_version: u8,
+    #[command(flatten)]
+    hash_key: HashKeyArgs,
     #[arg(long, default_value_t = 100)]
     keys: u64,
     #[arg(long, default_value_t = 1)]
@@ -738,11 +742,19 @@ mod http_cmd {
         })
     }
 
-    pub fn key_id(a: KeyIdArgs) -> Result<()> {
-        use std::io::BufRead;
+    /// The node's hash key, from its file (hex).
+    fn hasher_from(a: &HashKeyArgs) -> Result<gateway_node::http::auth::KeyHasher> {
         let hex = std::fs::read_to_string(&a.hash_key_file)
             .with_context(|| format!("reading {}", a.hash_key_file.display()))?;
-        let hasher = gateway_node::http::auth::KeyHasher::from_hex(a.hash_key_version, &hex)?;
+        Ok(gateway_node::http::auth::KeyHasher::from_hex(
+            a.hash_key_version,
+            &hex,
+        )?)
+    }
+
+    pub fn key_id(a: KeyIdArgs) -> Result<()> {
+        use std::io::BufRead;
+        let hasher = hasher_from(&a.hash_key)?;
         let mut out = std::io::stdout().lock();
         for (n, line) in std::io::stdin().lock().lines().enumerate() {
             // The error names the line, never its text: that is a key.
@@ -766,9 +778,7 @@ mod http_cmd {
     }
 
     pub fn bench_policy(a: BenchPolicyArgs) -> Result<()> {
-        let hex = std::fs::read_to_string(&a.hash_key_file)
-            .with_context(|| format!("reading {}", a.hash_key_file.display()))?;
-        let hasher = gateway_node::http::auth::KeyHasher::from_hex(a.hash_key_version, &hex)?;
+        let hasher = hasher_from(&a.hash_key)?;
         print!(
             "{}",
             http_tools::bench_policy_toml(

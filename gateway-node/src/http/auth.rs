@@ -40,14 +40,7 @@ impl AuthError {
 /// Two different keys in one request are malformed rather than a choice the gateway makes.
 pub fn extract_key(headers: &HeaderMap) -> Result<&[u8], AuthError> {
     let bearer = match headers.get(http::header::AUTHORIZATION) {
-        Some(v) => {
-            let v = v.as_bytes();
-            let scheme = b"bearer ";
-            if v.len() < scheme.len() || !v[..scheme.len()].eq_ignore_ascii_case(scheme) {
-                return Err(AuthError::Malformed);
-            }
-            Some(trim(&v[scheme.len()..]))
-        }
+        Some(v) => Some(bearer_token(v.as_bytes()).ok_or(AuthError::Malformed)?),
         None => None,
     };
     let header = headers.get("x-api-key").map(|v| trim(v.as_bytes()));
@@ -62,6 +55,13 @@ pub fn extract_key(headers: &HeaderMap) -> Result<&[u8], AuthError> {
         return Err(AuthError::Malformed);
     }
     well_formed_key(key).ok_or(AuthError::Malformed)
+}
+
+/// The trimmed token of an `Authorization: Bearer` value (the scheme in any case).
+fn bearer_token(v: &[u8]) -> Option<&[u8]> {
+    let scheme = b"bearer ";
+    (v.len() >= scheme.len() && v[..scheme.len()].eq_ignore_ascii_case(scheme))
+        .then(|| trim(&v[scheme.len()..]))
 }
 
 /// A raw key as the gateway takes it: trimmed of ASCII whitespace, then 8 to 256 printable
@@ -217,15 +217,7 @@ fn holds_credential(id: &[u8], headers: &HeaderMap) -> bool {
     let bearer = headers
         .get_all(http::header::AUTHORIZATION)
         .iter()
-        .map(|v| {
-            let v = v.as_bytes();
-            let scheme = b"bearer ";
-            if v.len() >= scheme.len() && v[..scheme.len()].eq_ignore_ascii_case(scheme) {
-                trim(&v[scheme.len()..])
-            } else {
-                trim(v)
-            }
-        });
+        .map(|v| bearer_token(v.as_bytes()).unwrap_or_else(|| trim(v.as_bytes())));
     let header = headers
         .get_all("x-api-key")
         .iter()

@@ -58,6 +58,10 @@ pub struct NodeSettings {
     pub policy: PolicySettings,
 }
 
+fn read_hash_key(path: &std::path::Path) -> Result<String, SettingsError> {
+    std::fs::read_to_string(path).map_err(|e| SettingsError::HashKeyFile(path.to_path_buf(), e))
+}
+
 /// A hash key of another version (ADR-7), read from its own file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -172,9 +176,7 @@ impl NodeSettings {
     pub fn hasher(&self) -> Result<KeyHasher, SettingsError> {
         let hex = match (&self.hash_key_hex, &self.hash_key_file) {
             (Some(h), _) => h.clone(),
-            (None, Some(p)) => {
-                std::fs::read_to_string(p).map_err(|e| SettingsError::HashKeyFile(p.clone(), e))?
-            }
+            (None, Some(p)) => read_hash_key(p)?,
             (None, None) => return Err(SettingsError::NoHashKey),
         };
         Ok(KeyHasher::from_hex(self.hash_key_version, &hex)?)
@@ -190,9 +192,10 @@ impl NodeSettings {
                 return Err(SettingsError::HashKeyVersionTwice(other.version));
             }
             versions.push(other.version);
-            let hex = std::fs::read_to_string(&other.file)
-                .map_err(|e| SettingsError::HashKeyFile(other.file.clone(), e))?;
-            all.push(KeyHasher::from_hex(other.version, &hex)?);
+            all.push(KeyHasher::from_hex(
+                other.version,
+                &read_hash_key(&other.file)?,
+            )?);
         }
         Ok(all)
     }
@@ -622,60 +625,55 @@ impl NodeGateway {
         if let Runtime::Nats(bus) = &self.runtime {
             let b = &bus.stats;
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-            metrics::counter(
-                &mut out,
-                "foldgate_bus_reports_published_total",
-                "Report batches published (C1).",
-                load(&b.reports_published),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_bus_reports_dropped_total",
-                "Report batches dropped: queue full or bus down.",
-                load(&b.reports_dropped),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_bus_grant_batches_total",
-                "Grant batches applied (C2).",
-                load(&b.grant_batches),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_fast_path_requests_total",
-                "Fast-path requests sent (D5).",
-                load(&b.fast_path_requests),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_policy_applied_total",
-                "Policy snapshots taken into force from key-value (P1).",
-                load(&b.policy_applied),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_policy_refused_total",
-                "Policy snapshots refused whole: bad, or not newer.",
-                load(&b.policy_refused),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_policy_watch_errors_total",
-                "Errors and ends of the policy watch, each followed by watching on.",
-                load(&b.policy_watch_errors),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_bus_bytes_in_total",
-                "Envelope bytes received.",
-                load(&b.bytes_in),
-            );
-            metrics::counter(
-                &mut out,
-                "foldgate_bus_bytes_out_total",
-                "Envelope bytes sent.",
-                load(&b.bytes_out),
-            );
+            for (name, help, c) in [
+                (
+                    "foldgate_bus_reports_published_total",
+                    "Report batches published (C1).",
+                    &b.reports_published,
+                ),
+                (
+                    "foldgate_bus_reports_dropped_total",
+                    "Report batches dropped: queue full or bus down.",
+                    &b.reports_dropped,
+                ),
+                (
+                    "foldgate_bus_grant_batches_total",
+                    "Grant batches applied (C2).",
+                    &b.grant_batches,
+                ),
+                (
+                    "foldgate_fast_path_requests_total",
+                    "Fast-path requests sent (D5).",
+                    &b.fast_path_requests,
+                ),
+                (
+                    "foldgate_policy_applied_total",
+                    "Policy snapshots taken into force from key-value (P1).",
+                    &b.policy_applied,
+                ),
+                (
+                    "foldgate_policy_refused_total",
+                    "Policy snapshots refused whole: bad, or not newer.",
+                    &b.policy_refused,
+                ),
+                (
+                    "foldgate_policy_watch_errors_total",
+                    "Errors and ends of the policy watch, each followed by watching on.",
+                    &b.policy_watch_errors,
+                ),
+                (
+                    "foldgate_bus_bytes_in_total",
+                    "Envelope bytes received.",
+                    &b.bytes_in,
+                ),
+                (
+                    "foldgate_bus_bytes_out_total",
+                    "Envelope bytes sent.",
+                    &b.bytes_out,
+                ),
+            ] {
+                metrics::counter(&mut out, name, help, load(c));
+            }
             let name = "foldgate_bus_rejected_total";
             out.push_str(&format!(
                 "# HELP {name} Envelopes rejected whole, by reason (B2).\n# TYPE {name} counter\n"
