@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::service::FoldWorkerStats;
+pub use foldgate_runtime::metrics::{Histogram, Unit};
 
 /// Node ids counted per node; a fleet is at most this big (the simulator's bound too).
 pub const NODE_SLOTS: usize = 1_024;
@@ -31,70 +32,6 @@ pub const REJECT_REASONS: [&str; 7] = [
     "too_many",
     "no_reply",
 ];
-
-/// A fixed-bucket histogram with atomic counts (no lock on the fold path).
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [u64],
-    counts: Vec<AtomicU64>,
-    sum: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    pub fn new(bounds: &'static [u64]) -> Self {
-        assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
-        Self {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, value: u64) {
-        let i = self.bounds.partition_point(|&b| b < value);
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(value, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    /// The upper bound of the bucket holding quantile `q` (`u64::MAX` for the overflow).
-    pub fn quantile_bound(&self, q: f64) -> u64 {
-        let total = self.count();
-        let rank = ((total as f64) * q).ceil() as u64;
-        let mut seen = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            seen += c.load(Ordering::Relaxed);
-            if seen >= rank.max(1) {
-                return self.bounds.get(i).copied().unwrap_or(u64::MAX);
-            }
-        }
-        u64::MAX
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            match self.bounds.get(i) {
-                Some(b) => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-                }
-                None => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-                }
-            }
-        }
-        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Ordering::Relaxed));
-        let _ = writeln!(out, "{name}_count {}", self.count());
-    }
-}
 
 /// Reports per node, counted over one period and published at its end.
 #[derive(Debug)]
@@ -321,23 +258,6 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn histogram_buckets_are_cumulative_and_quantiles_land_in_their_bucket() {
-        let h = Histogram::new(&[1, 5, 25]);
-        for v in [0, 1, 2, 5, 6, 30] {
-            h.observe(v);
-        }
-        let mut out = String::new();
-        h.render(&mut out, "x", "help");
-        assert!(out.contains("x_bucket{le=\"1\"} 2\n"));
-        assert!(out.contains("x_bucket{le=\"5\"} 4\n"));
-        assert!(out.contains("x_bucket{le=\"25\"} 5\n"));
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 6\n"));
-        assert!(out.contains("x_sum 44\nx_count 6\n"));
-        assert_eq!(h.quantile_bound(0.5), 5);
-        assert_eq!(h.quantile_bound(0.99), u64::MAX);
-    }
 
     #[test]
     fn a_node_that_goes_quiet_reads_zero_not_absent() {

@@ -19,39 +19,11 @@ use bus_schemas::{
 use futures::StreamExt;
 use tokio::sync::watch;
 
-use crate::metrics::{Histogram, NodeRates, REJECT_REASONS};
+use crate::metrics::{Histogram, NodeRates, REJECT_REASONS, Unit};
 use crate::owner::{FoldOwner, OwnerConfig};
 use crate::policy::OwnerPolicy;
 
-pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
-
-/// How long a bus client (node or worker) waits before reconnect attempt `attempt`:
-/// 10 ms for the first 500 (~5 s), then one round (25 ms) for as long as it takes. F7 wants
-/// the fleet back within 3 rounds of the bus returning; async-nats' default backoff took
-/// 1.5 s, and a later step to 1 s retries left a 5 s outage 826 ms from recovery at fleet
-/// size (BENCHMARKS.md). An attempt on a down server is one refused loopback or LAN
-/// connect, so a fleet of clients at one per round per client costs it nothing.
-pub fn reconnect_delay(attempt: usize) -> Duration {
-    Duration::from_millis(if attempt < 500 { 10 } else { 25 })
-}
-
-/// The connect options every Foldgate bus client uses: `reconnect_delay`, and mTLS (B2)
-/// when a CA is given (TLS is then required) and a client certificate and key.
-pub fn bus_connect_options(
-    ca_file: Option<&std::path::Path>,
-    cert_and_key: Option<(&std::path::Path, &std::path::Path)>,
-) -> async_nats::ConnectOptions {
-    let mut options = async_nats::ConnectOptions::new().reconnect_delay_callback(reconnect_delay);
-    if let Some(ca) = ca_file {
-        options = options
-            .require_tls(true)
-            .add_root_certificates(ca.to_path_buf());
-    }
-    if let Some((cert, key)) = cert_and_key {
-        options = options.add_client_certificate(cert.to_path_buf(), key.to_path_buf());
-    }
-    options
-}
+pub use foldgate_runtime::Clock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FoldWorkerError {
@@ -113,8 +85,8 @@ impl Default for FoldWorkerStats {
             policy_refused: AtomicU64::new(0),
             policy_watch_errors: AtomicU64::new(0),
             node_rates: NodeRates::default(),
-            fold_age_ms: Histogram::new(FOLD_AGE_BOUNDS_MS),
-            grant_latency_us: Histogram::new(GRANT_LATENCY_BOUNDS_US),
+            fold_age_ms: Histogram::new(FOLD_AGE_BOUNDS_MS, Unit::Count),
+            grant_latency_us: Histogram::new(GRANT_LATENCY_BOUNDS_US, Unit::Count),
         }
     }
 }

@@ -56,8 +56,7 @@ pub(crate) async fn each_round(
     }
 }
 
-/// Where the runtime reads time. Production passes the system clocks; tests may share one.
-pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
+pub use foldgate_runtime::Clock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeBusError {
@@ -159,35 +158,6 @@ pub(crate) async fn lock_by<T>(
         }
         tokio::task::yield_now().await;
     }
-}
-
-/// Waits, at most the `wait` its own fast path would have had, for the request that is
-/// asking the owner for this key (it wakes `done` when it settles); then decides on what
-/// it brought. Shared by both runtimes.
-pub(crate) async fn join_fast_path(
-    surface: &DecisionSurface,
-    done: &tokio::sync::Notify,
-    wait: Duration,
-    now: Now,
-    need: crate::surface::FastPathNeed,
-    policy: &KeyPolicy,
-) -> Decision {
-    let deadline = Instant::now() + wait;
-    let mut missed = false;
-    loop {
-        // Armed before the check, so an answer landing in between still wakes us.
-        let settled = done.notified();
-        tokio::pin!(settled);
-        settled.as_mut().enable();
-        if !surface.fast_path_pending(need.key) {
-            break;
-        }
-        if within(deadline, settled).await.is_none() {
-            missed = true;
-            break;
-        }
-    }
-    surface.decide_after_fast_path(need.key, now.wall_ms, policy, missed)
 }
 
 /// After a policy watch error, before the next look (`NodeBus::watch_policy`).
@@ -409,21 +379,14 @@ impl NodeBus {
         self.decide_at(key, policy, (self.clock)()).await
     }
 
-    /// As `decide`, for a request that arrived at `now`: every window it is charged to is
-    /// named from this one reading, the fast path's second look included, so a caller that
-    /// books the request (the oracle in `bench fleet`) books it where it was charged.
+    /// As `decide`, for a request that arrived at `now` (`runtime::decide_at`).
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
-        match self.surface.decide(key, now.wall_ms, policy) {
-            Decision::FastPath(need) if need.join => {
-                let (surface, done) = (&self.surface, &self.fast_path_done);
-                join_fast_path(surface, done, FAST_PATH_DEADLINE, now, need, policy).await
-            }
-            Decision::FastPath(need) => self.fast_path(now, need, policy).await,
-            d => d,
-        }
+        crate::runtime::decide_at(self, key, policy, now).await
     }
 
-    async fn fast_path(
+    /// The fast path over the bus: request/reply with each shard's owner, all by one
+    /// deadline.
+    async fn ask_owners(
         &self,
         now: Now,
         need: crate::surface::FastPathNeed,
@@ -497,6 +460,45 @@ impl NodeBus {
                 .fetch_add(1, Ordering::Relaxed);
         }
         claim.settle(now.wall_ms, policy, missed)
+    }
+}
+
+impl crate::runtime::NodeRuntime for NodeBus {
+    fn surface(&self) -> &Arc<DecisionSurface> {
+        &self.surface
+    }
+
+    fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
+        self.policy.subscribe()
+    }
+
+    fn fast_path_deadline_missed(&self) -> u64 {
+        self.stats.fast_path_deadline_missed.load(Ordering::Relaxed)
+    }
+
+    fn bus_stats(&self) -> Option<&NodeBusStats> {
+        Some(&self.stats)
+    }
+
+    fn fast_path_done(&self) -> &tokio::sync::Notify {
+        &self.fast_path_done
+    }
+
+    fn fast_path_wait(&self) -> Duration {
+        FAST_PATH_DEADLINE
+    }
+
+    fn fast_path<'a>(
+        &'a self,
+        now: Now,
+        need: crate::surface::FastPathNeed,
+        policy: &'a KeyPolicy,
+    ) -> crate::runtime::FastPathFuture<'a> {
+        Box::pin(self.ask_owners(now, need, policy))
+    }
+
+    fn with_limiter_dyn(&self, f: &mut dyn FnMut(&mut NodeLimiter)) {
+        f(&mut lock(&self.limiter))
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bus_schemas::{KeyId, Now, OwnerEpoch, ShardId};
-use fold_workers::{FoldOwner, OwnerConfig, OwnerMode};
+use fold_core::{FoldOwner, OwnerConfig, OwnerMode};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -202,27 +202,19 @@ impl EmbeddedBus {
         }
     }
 
-    /// The same decision as `NodeBus::decide_at`. The owner is in this process, so the
-    /// fast path is a function call once it has the books, with no answer to wait for;
+    /// One request's decision (`runtime::decide_at`). The owner is in this process, so
+    /// the fast path is a function call once it has the books, with no answer to wait for;
     /// what it may wait for is the books themselves (a round's tick holds them for its
     /// pass over the due keys), and that wait is bounded by one round, without blocking
     /// the thread; past it the request is a miss. D5's 1 ms bounds an owner's answer
     /// over the bus (`NodeBus`); here it turned CPU contention into 429s for keys far
-    /// under their limit (the HTTP bench: 10 of 13,890 at 3% of the limit). Before stop
-    /// 21 the wait was unbounded and blocked a worker thread, and joiners waited 100 ms.
+    /// under their limit (the HTTP bench: 10 of 13,890 at 3% of the limit).
     pub async fn decide_at(&self, key: KeyId, policy: &KeyPolicy, now: Now) -> Decision {
-        match self.surface.decide(key, now.wall_ms, policy) {
-            Decision::FastPath(need) if need.join => {
-                let (surface, done) = (&self.surface, &self.fast_path_done);
-                let wait = self.fast_path_deadline;
-                crate::bus::join_fast_path(surface, done, wait, now, need, policy).await
-            }
-            Decision::FastPath(need) => self.fast_path(now, need, policy).await,
-            d => d,
-        }
+        crate::runtime::decide_at(self, key, policy, now).await
     }
 
-    async fn fast_path(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
+    /// The fast path in process: the owner's answer, once the books can be had.
+    async fn ask_owner(&self, now: Now, need: FastPathNeed, policy: &KeyPolicy) -> Decision {
         let deadline = Instant::now() + self.fast_path_deadline;
         let claim = self
             .surface
@@ -243,6 +235,41 @@ impl EmbeddedBus {
     pub fn fast_path_deadline_missed(&self) -> u64 {
         self.fast_path_deadline_missed
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl crate::runtime::NodeRuntime for EmbeddedBus {
+    fn surface(&self) -> &Arc<DecisionSurface> {
+        &self.surface
+    }
+
+    fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
+        self.policy.subscribe()
+    }
+
+    fn fast_path_deadline_missed(&self) -> u64 {
+        EmbeddedBus::fast_path_deadline_missed(self)
+    }
+
+    fn fast_path_done(&self) -> &tokio::sync::Notify {
+        &self.fast_path_done
+    }
+
+    fn fast_path_wait(&self) -> Duration {
+        self.fast_path_deadline
+    }
+
+    fn fast_path<'a>(
+        &'a self,
+        now: Now,
+        need: FastPathNeed,
+        policy: &'a KeyPolicy,
+    ) -> crate::runtime::FastPathFuture<'a> {
+        Box::pin(self.ask_owner(now, need, policy))
+    }
+
+    fn with_limiter_dyn(&self, f: &mut dyn FnMut(&mut NodeLimiter)) {
+        self.with_limiter(f)
     }
 }
 

@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use foldgate_harness::http_tools::{LoadPlan, get_once, plain_client, run_load};
 use foldgate_tests::http::{HASH_KEY_HEX, KEY_SEED, key, policy, start_upstream};
-use ops::http_tools::{LoadPlan, get_once, plain_client, run_load};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -19,14 +19,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use foldgate_harness::KillOnDrop as Proc;
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("foldgate-{name}-{}", std::process::id()));

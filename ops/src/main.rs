@@ -262,7 +262,7 @@ fn main() -> Result<()> {
 }
 
 mod bench {
-    use std::process::{Child, Command, Stdio};
+    use std::process::{Command, Stdio};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
@@ -273,14 +273,7 @@ mod bench {
 
     use super::FleetArgs;
 
-    struct Worker(Child);
-
-    impl Drop for Worker {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    use foldgate_harness::KillOnDrop as Worker;
 
     fn percentile_us(v: &mut [u64], p: f64) -> f64 {
         if v.is_empty() {
@@ -704,7 +697,7 @@ mod http_cmd {
                 a.limit_1s, a.limit_60s
             );
         }
-        let steps = runtime()?.block_on(http_tools::run_demo(a.limit_1s, a.limit_60s, |s| {
+        let steps = runtime()?.block_on(ops::demo::run_demo(a.limit_1s, a.limit_60s, |s| {
             if json {
                 return;
             }

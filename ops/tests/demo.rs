@@ -1,7 +1,7 @@
 //! The README's main job (issue 5): a gateway with its embedded defaults earns a 429 only
 //! once the plan's 1 s allowance is spent, never before, and the wait it names is true.
 
-use ops::http_tools::run_demo;
+use ops::demo::run_demo;
 
 const LIMIT_1S: u64 = 5;
 

@@ -4,9 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use foldgate_harness::http_tools::{
+    bench_key, bench_policy_toml, loopback, run_upstream, serve_on_loopback,
+};
 use gateway_node::http::auth::KeyHasher;
-use gateway_node::http::node::{NodeGateway, NodeSettings, Runtime, system_clock};
-use ops::http_tools::{bench_key, bench_policy_toml, loopback, run_upstream, serve_on_loopback};
+use gateway_node::http::node::{NodeGateway, NodeSettings, start_runtime, system_clock};
 use tokio::sync::watch;
 
 /// The tests' hash key (hex). Test-only: a deployment reads its own from `hash_key_file`.
@@ -68,7 +70,7 @@ pub async fn start_gateway(upstream: SocketAddr, extra: &str, policy: &str) -> T
     let settings: NodeSettings = toml::from_str(&text).expect("test settings parse");
     let (stop_tx, stop) = watch::channel(false);
     let clock = system_clock();
-    let runtime = Runtime::start(&settings, Arc::clone(&clock), stop.clone())
+    let runtime = start_runtime(&settings, Arc::clone(&clock), stop.clone())
         .await
         .expect("runtime starts");
     let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock).expect("gateway"));

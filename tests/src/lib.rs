@@ -5,16 +5,7 @@ pub mod http;
 pub mod nats;
 pub mod tls;
 
-/// A child process killed (SIGKILL) and reaped when dropped: a test that fails midway
-/// leaves no server or worker behind, and dropping one is a real kill -9.
-pub struct KillOnDrop(pub std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+pub use foldgate_harness::KillOnDrop;
 
 use std::sync::Arc;
 

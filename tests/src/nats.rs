@@ -1,4 +1,4 @@
-//! The real-NATS fleet helpers live in `ops::fleet` (the `foldgate bench fleet` command uses
-//! them too); the tests reach them here.
+//! The real-NATS fleet helpers live in `foldgate_harness::fleet` (the `foldgate bench
+//! fleet` command uses them too); the tests reach them here.
 
-pub use ops::fleet::*;
+pub use foldgate_harness::fleet::*;

@@ -118,12 +118,10 @@ pub async fn connect_as(
     pki: &TestPki,
     role: Option<&str>,
 ) -> Result<async_nats::Client, async_nats::ConnectError> {
-    let mut options = async_nats::ConnectOptions::new()
-        .require_tls(true)
-        .add_root_certificates(pki.ca());
-    if let Some(role) = role {
-        let pem = pki.pem(role);
-        options = options.add_client_certificate(pem.cert, pem.key);
-    }
-    options.connect(url).await
+    let ca = pki.ca();
+    let pem = role.map(|role| pki.pem(role));
+    let cert_and_key = pem.as_ref().map(|p| (p.cert.as_path(), p.key.as_path()));
+    foldgate_runtime::nats::connect_options(Some(&ca), cert_and_key)
+        .connect(url)
+        .await
 }

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldgate_harness::http_tools::{get_once, plain_client};
 use foldgate_tests::http::{TestGateway, key, policy, start_gateway, start_upstream};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use ops::http_tools::{get_once, plain_client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A plan no test's requests come near: 100 a second, 1,000 a minute.
@@ -34,7 +34,7 @@ where
     F: Fn(tokio::net::TcpStream, Vec<u8>) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (listener, up) = ops::http_tools::loopback().await.unwrap();
+    let (listener, up) = foldgate_harness::http_tools::loopback().await.unwrap();
     let script = Arc::new(script);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
@@ -589,9 +589,10 @@ async fn a_header_named_by_connection_cannot_hide_the_key_from_the_edge_floor() 
     };
     let edge = Arc::new(EdgeGuard::new(&settings).unwrap());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let (addr, _) = ops::http_tools::serve_on_loopback(edge, settings.server.limits(), stop)
-        .await
-        .unwrap();
+    let (addr, _) =
+        foldgate_harness::http_tools::serve_on_loopback(edge, settings.server.limits(), stop)
+            .await
+            .unwrap();
     // Three in a row: a second's boundary can fall between two of them, not twice.
     let mut statuses = Vec::new();
     for _ in 0..3 {
@@ -946,8 +947,12 @@ async fn a_key_named_by_another_live_hash_version_is_found() {
     let v1_file = std::env::temp_dir().join(format!("foldgate-v1-{}.hex", std::process::id()));
     std::fs::write(&v1_file, &v1_hex).unwrap();
     let v1 = KeyHasher::from_hex(1, &v1_hex).unwrap();
-    let v1_policy =
-        ops::http_tools::bench_policy_toml(&v1, foldgate_tests::http::KEY_SEED, 1, EASY);
+    let v1_policy = foldgate_harness::http_tools::bench_policy_toml(
+        &v1,
+        foldgate_tests::http::KEY_SEED,
+        1,
+        EASY,
+    );
     let own_v2 = "hash_key_version = 2";
     let rotating = format!(
         "{own_v2}\nother_hash_keys = [{{ version = 1, file = \"{}\" }}]",

@@ -2,10 +2,10 @@
 //! key-value bucket and owns whatever it holds (see `fold_workers::service`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bus_schemas::{Now, ShardId};
+use bus_schemas::ShardId;
 use clap::Parser;
 use fold_workers::OwnerConfig;
 use fold_workers::service::{Candidate, FoldWorkerStats, LeaseConfig, run_elected_worker};
@@ -52,7 +52,7 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let client = fold_workers::service::bus_connect_options(
+    let client = foldgate_runtime::nats::connect_options(
         args.nats_ca_file.as_deref(),
         args.nats_cert_file
             .as_deref()
@@ -61,14 +61,7 @@ async fn main() -> Result<()> {
     .connect(&args.nats)
     .await
     .with_context(|| format!("connecting to {}", args.nats))?;
-    let start = Instant::now();
-    let clock = Arc::new(move || Now {
-        wall_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
-    });
+    let clock = foldgate_runtime::system_clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     // SIGTERM too: it is what systemd, Kubernetes and `docker stop` send, and with Ctrl-C
     // alone a deploy never handed the shards back, leaving them unowned for a lease.

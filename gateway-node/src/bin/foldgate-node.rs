@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use gateway_node::http::config::ConfigArgs;
-use gateway_node::http::node::{NodeGateway, NodeSettings, Runtime, system_clock};
+use gateway_node::http::node::{NodeGateway, NodeSettings, start_runtime, system_clock};
 use gateway_node::http::{init_logging, server};
 
 #[derive(Parser)]
@@ -38,7 +38,7 @@ fn main() -> anyhow::Result<()> {
         .block_on(async move {
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let clock = system_clock();
-            let runtime = Runtime::start(&settings, Arc::clone(&clock), shutdown)
+            let runtime = start_runtime(&settings, Arc::clone(&clock), shutdown)
                 .await
                 .context("starting the limiter runtime")?;
             let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);

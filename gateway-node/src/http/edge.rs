@@ -165,13 +165,17 @@ impl Gateway for EdgeGuard {
             Err(overloaded) => {
                 let (resp, outcome) = overloaded.response(&cid);
                 self.metrics.outcome(outcome);
-                self.metrics.request_latency.observe(started.elapsed());
+                self.metrics
+                    .request_latency
+                    .observe_duration(started.elapsed());
                 return resp;
             }
         };
         let (resp, outcome) = self.upstream.forward(place, req, peer, &cid, &[]).await;
         self.metrics.outcome(outcome);
-        self.metrics.request_latency.observe(started.elapsed());
+        self.metrics
+            .request_latency
+            .observe_duration(started.elapsed());
         resp
     }
 

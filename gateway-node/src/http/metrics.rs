@@ -4,7 +4,8 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+
+pub use foldgate_runtime::metrics::{Histogram, Unit};
 
 /// Bucket upper bounds of the latency histograms, in nanoseconds: the decision is
 /// expected in the first few; the rest catch fast paths and stalls.
@@ -25,46 +26,9 @@ const BOUNDS_NS: [u64; 14] = [
     100_000_000,
 ];
 
-#[derive(Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; BOUNDS_NS.len()],
-    count: AtomicU64,
-    sum_ns: AtomicU64,
-}
-
-impl Histogram {
-    pub fn observe(&self, d: Duration) {
-        let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
-        if let Some(i) = BOUNDS_NS.iter().position(|&b| ns <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (b, n) in BOUNDS_NS.iter().zip(&self.buckets) {
-            cumulative += n.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{}\"}} {cumulative}",
-                *b as f64 / 1e9
-            );
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}\n{name}_count {count}",
-            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
-        );
-    }
+/// A latency histogram over [`BOUNDS_NS`], written in seconds.
+fn latency_histogram() -> Histogram {
+    Histogram::new(&BOUNDS_NS, Unit::NanosAsSeconds)
 }
 
 /// What happened to a request, one counter each (`foldgate_requests_total{outcome}`).
@@ -112,7 +76,6 @@ const VERDICTS: [(Verdict, &str); 5] = [
     (Verdict::Backstop, "deny_backstop"),
 ];
 
-#[derive(Default)]
 pub struct GatewayMetrics {
     outcomes: [AtomicU64; OUTCOMES.len()],
     verdicts: [AtomicU64; VERDICTS.len()],
@@ -122,6 +85,18 @@ pub struct GatewayMetrics {
     pub request_latency: Histogram,
     /// Connections refused because `max_connections` were open.
     pub connections_refused: AtomicU64,
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        Self {
+            outcomes: Default::default(),
+            verdicts: Default::default(),
+            limiter_latency: latency_histogram(),
+            request_latency: latency_histogram(),
+            connections_refused: AtomicU64::new(0),
+        }
+    }
 }
 
 impl GatewayMetrics {
@@ -202,13 +177,15 @@ pub fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn renders_cumulative_buckets_and_counters() {
         let m = GatewayMetrics::default();
-        m.limiter_latency.observe(Duration::from_nanos(300));
-        m.limiter_latency.observe(Duration::from_micros(3));
-        m.limiter_latency.observe(Duration::from_secs(1));
+        m.limiter_latency
+            .observe_duration(Duration::from_nanos(300));
+        m.limiter_latency.observe_duration(Duration::from_micros(3));
+        m.limiter_latency.observe_duration(Duration::from_secs(1));
         m.outcome(Outcome::Limited);
         m.verdict(Verdict::Exhausted);
         let mut out = String::new();

@@ -6,11 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use bus_schemas::{
-    KeyAssignment, NodeEpoch, NodeId, Now, Plan, PolicySnapshot, WindowSpec, subjects,
-};
+use bus_schemas::{KeyAssignment, NodeId, Plan, PolicySnapshot, WindowSpec};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
@@ -22,11 +20,10 @@ use super::metrics::{self, GatewayMetrics, Outcome, Verdict};
 use super::proxy::Upstream;
 use super::proxy::UpstreamSettings;
 use super::server::{Gateway, ServerSettings};
-use crate::bus::{Clock, NodeBus};
-use crate::embedded::EmbeddedBus;
-use crate::limiter::{Mode, NodeConfig, NodeLimiter};
+use crate::bus::Clock;
+use crate::limiter::{Mode, NodeConfig};
 use crate::policy::{PolicyError, PolicyIndex};
-use crate::surface::{Decision, DecisionSurface, SurfaceConfig};
+use crate::surface::{Decision, SurfaceConfig};
 
 /// Every knob of `foldgate-node`, with its unit in its name. `foldgate-node.example.toml`
 /// documents each one, and a test keeps the two in step.
@@ -291,117 +288,13 @@ impl PolicySettings {
     }
 }
 
-/// The system clocks, as the runtime hands them to the state machines.
-pub fn system_clock() -> Clock {
-    let start = Instant::now();
-    Arc::new(move || Now {
-        wall_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
-    })
-}
+pub use foldgate_runtime::system_clock;
 
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    #[error(transparent)]
-    Settings(#[from] SettingsError),
-    #[error("connecting to NATS: {0}")]
-    Connect(#[from] async_nats::ConnectError),
-    #[error(transparent)]
-    Bus(#[from] crate::bus::NodeBusError),
-    #[error(transparent)]
-    Policy(#[from] crate::bus::PolicyWatchError),
-}
-
-/// Where the limiter's rounds run.
-pub enum Runtime {
-    Embedded(EmbeddedBus),
-    // Boxed: the NATS runtime is several times the embedded one.
-    Nats(Box<NodeBus>),
-}
-
-impl Runtime {
-    async fn decide_at(
-        &self,
-        key: bus_schemas::KeyId,
-        policy: &crate::KeyPolicy,
-        now: Now,
-    ) -> Decision {
-        match self {
-            Self::Embedded(e) => e.decide_at(key, policy, now).await,
-            Self::Nats(n) => n.decide_at(key, policy, now).await,
-        }
-    }
-
-    pub fn surface(&self) -> &Arc<DecisionSurface> {
-        match self {
-            Self::Embedded(e) => e.surface(),
-            Self::Nats(n) => n.surface(),
-        }
-    }
-
-    /// Fast paths that missed their deadline, whichever runtime.
-    pub fn fast_path_deadline_missed(&self) -> u64 {
-        match self {
-            Self::Embedded(e) => e.fast_path_deadline_missed(),
-            Self::Nats(n) => n
-                .stats
-                .fast_path_deadline_missed
-                .load(std::sync::atomic::Ordering::Relaxed),
-        }
-    }
-
-    pub fn with_limiter<R>(&self, f: impl FnOnce(&mut NodeLimiter) -> R) -> R {
-        match self {
-            Self::Embedded(e) => e.with_limiter(f),
-            Self::Nats(n) => n.with_limiter(f),
-        }
-    }
-
-    pub fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
-        match self {
-            Self::Embedded(e) => e.policy(),
-            Self::Nats(n) => n.policy(),
-        }
-    }
-
-    /// Starts the runtime the settings name: NATS if `nats_url` is set, else embedded.
-    pub async fn start(
-        settings: &NodeSettings,
-        clock: Clock,
-        shutdown: watch::Receiver<bool>,
-    ) -> Result<Self, RuntimeError> {
-        let config = settings.node_config()?;
-        let surface = Arc::new(DecisionSurface::new(settings.surface_config()));
-        // C9: a new epoch at every start; wall milliseconds outgrow any earlier start's.
-        let now = clock();
-        let limiter = NodeLimiter::new(config, surface, NodeEpoch(now.wall_ms.max(1)), now);
-        if settings.nats_url.is_empty() {
-            let bus = EmbeddedBus::start(limiter, clock, shutdown);
-            let index = settings.policy.index(settings.round_ms)?;
-            bus.set_policy(index);
-            return Ok(Self::Embedded(bus));
-        }
-        let client = fold_workers::service::bus_connect_options(
-            settings.nats_ca_file.as_deref(),
-            settings
-                .nats_cert_file
-                .as_deref()
-                .zip(settings.nats_key_file.as_deref()),
-        )
-        .connect(&settings.nats_url)
-        .await?;
-        let mut bus = NodeBus::start(client, limiter, clock, shutdown).await?;
-        bus.watch_policy(subjects::POLICY_BUCKET).await?;
-        Ok(Self::Nats(Box::new(bus)))
-    }
-}
+pub use crate::runtime::{NodeRuntime, RuntimeError, start as start_runtime};
 
 /// The node's request path and its parts.
 pub struct NodeGateway {
-    pub runtime: Runtime,
+    pub runtime: Box<dyn NodeRuntime>,
     pub metrics: GatewayMetrics,
     /// ADR-7: this node's hash key first, then those of other live versions.
     hashers: Vec<KeyHasher>,
@@ -417,7 +310,7 @@ const KEY_ID_HEADER: &str = "x-foldgate-key-id";
 impl NodeGateway {
     pub fn new(
         settings: &NodeSettings,
-        runtime: Runtime,
+        runtime: Box<dyn NodeRuntime>,
         clock: Clock,
     ) -> Result<Self, SettingsError> {
         Ok(Self {
@@ -465,7 +358,7 @@ impl NodeGateway {
         if self.limiter_enabled {
             let t = Instant::now();
             let decision = self.runtime.decide_at(key, &policy, (self.clock)()).await;
-            self.metrics.limiter_latency.observe(t.elapsed());
+            self.metrics.limiter_latency.observe_duration(t.elapsed());
             match decision {
                 Decision::Admit => self.metrics.verdict(Verdict::Admit),
                 Decision::FailOpen => {
@@ -622,8 +515,7 @@ impl NodeGateway {
             "Fast paths that missed their deadline (1 ms on NATS; embedded, a round's wait for the books).",
             self.runtime.fast_path_deadline_missed(),
         );
-        if let Runtime::Nats(bus) = &self.runtime {
-            let b = &bus.stats;
+        if let Some(b) = self.runtime.bus_stats() {
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             for (name, help, c) in [
                 (
@@ -696,7 +588,9 @@ impl Gateway for NodeGateway {
         let started = Instant::now();
         let cid = self.ids.for_request(req.headers());
         let resp = self.admit_and_forward(req, peer, &cid).await;
-        self.metrics.request_latency.observe(started.elapsed());
+        self.metrics
+            .request_latency
+            .observe_duration(started.elapsed());
         resp
     }
 

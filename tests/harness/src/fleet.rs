@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct NatsServer {
-    child: Option<Child>,
+    child: Option<crate::KillOnDrop>,
     pub port: u16,
     dir: TempDir,
 }
@@ -84,7 +84,7 @@ impl NatsServer {
         }
         let child = spawn(port, &dir.0);
         Self {
-            child: Some(child),
+            child: Some(crate::KillOnDrop(child)),
             port,
             dir,
         }
@@ -93,15 +93,13 @@ impl NatsServer {
     /// The bus really stops (a drill): the process is killed; clients see the connection
     /// drop and reconnect once `restart` brings it back on the same port and store.
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // Dropping the guard kills and reaps the server.
+        drop(self.child.take());
     }
 
     pub fn restart(&mut self) {
         self.stop();
-        self.child = Some(spawn(self.port, &self.dir.0));
+        self.child = Some(crate::KillOnDrop(spawn(self.port, &self.dir.0)));
     }
 
     pub fn url(&self) -> String {
@@ -109,25 +107,19 @@ impl NatsServer {
     }
 }
 
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::sim::oracle::{Accuracy, Books};
 use bus_schemas::{KeyId, NodeEpoch, NodeId, Now, WindowSpec};
-use gateway_node::bus::{Clock, NodeBus};
+pub use foldgate_runtime::Clock;
+use foldgate_sim::oracle::{Accuracy, Books};
+use gateway_node::bus::NodeBus;
 use gateway_node::{Decision, DecisionSurface, KeyPolicy, NodeConfig, NodeLimiter, SurfaceConfig};
 
 /// A client that retries a lost server as the production binaries do
-/// (`fold_workers::service::reconnect_delay`).
+/// (`foldgate_runtime::nats::reconnect_delay`).
 pub async fn connect(url: &str) -> async_nats::Client {
-    fold_workers::service::bus_connect_options(None, None)
+    foldgate_runtime::nats::connect_options(None, None)
         .connect(url)
         .await
         .expect("connect to nats-server")
@@ -169,17 +161,7 @@ pub fn one_plan_snapshot(
     }
 }
 
-/// The system clocks, as a runtime hands them to the state machines.
-pub fn system_clock() -> Clock {
-    let start = Instant::now();
-    Arc::new(move || Now {
-        wall_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis() as u64,
-        mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
-    })
-}
+pub use foldgate_runtime::system_clock;
 
 /// The drills' plan: 40 per 1 s window and 1,500 per 60 s window (the simulator's
 /// 50-requests-per-second-per-key shape).

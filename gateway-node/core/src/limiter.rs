@@ -1557,7 +1557,7 @@ impl NodeLimiter {
             // mean 0.207% (0.201%).
             Keep::RestOfWindow { mean_milli } if rec.exhausted => mean_milli.div_ceil(1_000),
             Keep::RestOfWindow { mean_milli } => {
-                fold_workers::held_target(mean_milli, HEADROOM_PERMILLE, sigmas)
+                credit_sizing::held_target(mean_milli, HEADROOM_PERMILLE, sigmas)
             }
         };
         let taken = credit::drain_above(
@@ -1786,7 +1786,7 @@ impl NodeLimiter {
         };
         let round_ms = u64::from(self.config.round_ms);
         // (slot, length, limit, ask): a window short here, or one holding less than the
-        // owner's least fast-path grant (`fold_workers::round_of_pace`). After an
+        // owner's least fast-path grant (`credit_sizing::round_of_pace`). After an
         // idle spell the reconciler has returned all but a few credits of every window;
         // asking for the empty one alone left the other to run dry a moment later, with
         // this round's ask spent: a round of 429s per idle spell (BENCHMARKS.md, issue 5).
@@ -1796,7 +1796,7 @@ impl NodeLimiter {
             .iter()
             .enumerate()
             .map(|(i, w)| {
-                let pace = fold_workers::round_of_pace(
+                let pace = credit_sizing::round_of_pace(
                     w.limit,
                     w.length_ms,
                     self.config.round_ms,
@@ -2669,7 +2669,18 @@ mod tests {
     /// stopped every request for two of its lengths; the shortest window never does.
     #[test]
     fn blocked_return_waits_two_shorter_windows() {
-        let plan = ops::fleet::drill_plan();
+        // The fleet drill's plan (`foldgate_harness::fleet::drill_plan`): 40 a second and
+        // 1,500 a minute. Written out so this crate's tests need nothing above it.
+        let plan = [
+            bus_schemas::WindowSpec {
+                length_ms: 1_000,
+                limit: 40,
+            },
+            bus_schemas::WindowSpec {
+                length_ms: 60_000,
+                limit: 1_500,
+            },
+        ];
         let after = |slot, cap| NodeLimiter::blocked_return_rounds(&plan, slot, 25, cap);
         assert_eq!(after(0, 8), None);
         assert_eq!(after(1, 8), Some(80));

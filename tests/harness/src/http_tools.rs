@@ -1,6 +1,6 @@
 //! HTTP tooling around the gateway (issue 5): a tiny upstream for local runs
 //! (`foldgate upstream`), an open-loop load generator (`foldgate bench http`), bench keys
-//! derived from a seed so no raw key is ever written to a file, and the README demo.
+//! derived from a seed so no raw key is ever written to a file.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -296,99 +296,6 @@ pub async fn loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let a = l.local_addr()?;
     Ok((l, a))
-}
-
-/// What the demo saw: each request's status and the 429's headers and body.
-#[derive(Debug, Serialize)]
-pub struct DemoStep {
-    pub request: u32,
-    pub status: u16,
-    pub retry_after: Option<String>,
-    pub reset_ms: Option<String>,
-    pub correlation_id: Option<String>,
-    pub body: Option<String>,
-}
-
-/// The README's main job: an upstream and a gateway node with its embedded defaults (no
-/// NATS: the in-process bus and fold owner), one key on a plan of `limit_1s` per second and
-/// `limit_60s` per minute, and requests until a 429 is earned, then one more after the
-/// wait the 429 named. Returns the steps; an error if no 429 was earned or the wait lied.
-pub async fn run_demo(
-    limit_1s: u64,
-    limit_60s: u64,
-    mut on_step: impl FnMut(&DemoStep),
-) -> anyhow::Result<Vec<DemoStep>> {
-    use gateway_node::http::node::{NodeGateway, NodeSettings, Runtime, system_clock};
-
-    let (stop_tx, stop) = watch::channel(false);
-    let (up_listener, up_addr) = loopback().await?;
-    tokio::spawn(run_upstream(up_listener, 0, stop.clone()));
-
-    // A demo secret made here and dropped at exit; a deployment reads `hash_key_file`.
-    let secret: String = (0..4)
-        .map(|_| format!("{:016x}", gateway_node::http::auth::random_u64()))
-        .collect();
-    let hasher = KeyHasher::from_hex(1, &secret)?;
-    let seed = gateway_node::http::auth::random_u64();
-    let policy = bench_policy_toml(&hasher, seed, 1, &[(1_000, limit_1s), (60_000, limit_60s)]);
-    let settings: NodeSettings = toml::from_str(&format!(
-        "upstream.urls = [\"http://{up_addr}\"]\nhash_key_hex = \"{secret}\"\nlog_level = \"warn\"\n{policy}"
-    ))?;
-    let clock = system_clock();
-    let runtime = Runtime::start(&settings, Arc::clone(&clock), stop.clone()).await?;
-    let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);
-    let (addr, _) = serve_on_loopback(gateway, settings.server.limits(), stop).await?;
-
-    let client = plain_client();
-    let url = format!("http://{addr}/hello");
-    let key = bench_key(seed, 0);
-    let mut steps = Vec::new();
-    let mut waited = false;
-    for n in 1..=(limit_1s as u32 + 10) {
-        let (status, headers, body) = get_once(&client, &url, Some(&key)).await?;
-        let h = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(String::from)
-        };
-        let step = DemoStep {
-            request: n,
-            status: status.as_u16(),
-            retry_after: h("retry-after"),
-            reset_ms: h(contract::RESET_MS),
-            correlation_id: h(contract::REQUEST_ID),
-            body: (status == StatusCode::TOO_MANY_REQUESTS).then_some(body),
-        };
-        on_step(&step);
-        let wait_ms = match (&step.reset_ms, &step.retry_after) {
-            (Some(ms), _) => ms.parse::<u64>().ok(),
-            (None, Some(s)) => s.parse::<u64>().ok().map(|s| s * 1_000),
-            _ => None,
-        };
-        let limited = step.status == 429;
-        steps.push(step);
-        if limited {
-            if waited {
-                anyhow::bail!("a 429 again after waiting the time the first one named");
-            }
-            tokio::time::sleep(Duration::from_millis(wait_ms.unwrap_or(1_000) + 5)).await;
-            waited = true;
-        } else if waited {
-            break;
-        }
-    }
-    let _ = stop_tx.send(true);
-    if !steps.iter().any(|s| s.status == 429) {
-        anyhow::bail!("no 429 earned in {} requests", steps.len());
-    }
-    if steps.last().is_some_and(|s| s.status == 429) {
-        anyhow::bail!(
-            "the first 429 came on the last of {} requests: no request after the wait it named",
-            steps.len()
-        );
-    }
-    Ok(steps)
 }
 
 #[cfg(test)]

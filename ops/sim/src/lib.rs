@@ -31,9 +31,9 @@ use std::sync::Arc;
 
 use bus_schemas::hashing::DetMap;
 use bus_schemas::{KeyId, KeyWindow, NodeEpoch, NodeId, Now, OwnerEpoch, ShardId, WindowSpec};
-use fold_workers::{FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerMode};
-use gateway_node::window::{window_at, window_end_ms};
-use gateway_node::{
+use fold_core::{FOLD_AGE_BUCKETS, FoldOwner, OwnerConfig, OwnerMode};
+use node_core::window::{window_at, window_end_ms};
+use node_core::{
     Decision, DecisionSurface, KeyPolicy, Mode, NodeConfig, NodeLimiter, SurfaceConfig, Transmit,
 };
 
@@ -42,7 +42,8 @@ use global_sync::{GsNode, GsOwner};
 use oracle::{Accuracy, Books, BooksThread, ClosedKw, round4};
 use traffic::Traffic;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     Uniform,
@@ -105,7 +106,8 @@ impl Scenario {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum SimMode {
     Leasing,
@@ -126,7 +128,8 @@ impl SimMode {
 /// A rule of the design lifted for one run, to measure what it costs (`--what-if`).
 /// Never a production setting: a report of such a run names them, and so does its
 /// replay command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum WhatIf {
     /// Every fast path the bus delivers is answered within D5's 1 ms (losses stay lost).
@@ -326,7 +329,7 @@ pub enum SimError {
     #[error("--nodes must be 2..=1024, --keys >= 1, --seconds >= 2 and --rate >= 1")]
     Shape,
     #[error("plan: {0}")]
-    Policy(#[from] gateway_node::PolicyError),
+    Policy(#[from] node_core::PolicyError),
 }
 
 /// One run's result: the summary and the closed key-windows behind it.
@@ -608,7 +611,7 @@ struct Sim {
     /// The cross-check's walk (`check_fleet_truth`), kept between walks: built from
     /// empty each time, the map's growth cost as much as filling it.
     truth_walk: DetMap<KeyWindow, (u64, u64, u64)>,
-    changed: Vec<gateway_node::LineChange>,
+    changed: Vec<node_core::LineChange>,
 }
 
 /// One key-window's fleet truth: live node epochs' lines and dead epochs' spend.

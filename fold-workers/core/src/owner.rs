@@ -9,6 +9,7 @@ use bus_schemas::hashing::DetMap;
 
 use crate::hot::{HotKeyConfig, HotKeys};
 use crate::policy::OwnerPolicy;
+use credit_sizing::{held_target, round_of_pace};
 
 /// O1: leasing sizes grants from demand; fixed hands out only the reserve (the nodes take
 /// fixed 1/fleet shares themselves).
@@ -1255,32 +1256,6 @@ fn check_ledger(
         });
     }
     Ok(())
-}
-
-/// C4: the credit a node holds for `mean_milli` thousandths of a request expected over
-/// some rounds: h x that mean (`headroom_permille`), plus `sigmas` standard deviations of
-/// Poisson arrivals over it. The owner grants up to it for a line's lead; a node hands
-/// back what it holds above it for the rest of a window (the node's `rest_of_window`).
-pub fn held_target(mean_milli: u64, headroom_permille: u64, sigmas: u64) -> u64 {
-    (mean_milli * headroom_permille).div_ceil(1_000_000) + burst_allowance(mean_milli, sigmas)
-}
-
-/// `sigmas` standard deviations of Poisson arrivals whose mean is `mean_milli` / 1000.
-fn burst_allowance(mean_milli: u64, sigmas: u64) -> u64 {
-    if mean_milli == 0 || sigmas == 0 {
-        return 0;
-    }
-    // sqrt(mean) = sqrt(mean_milli * 1000) / 1000, in integers.
-    (sigmas * (mean_milli * 1_000).isqrt()).div_ceil(1_000)
-}
-
-/// C5: one round of a window's average pace split across the fleet, rounded up: the
-/// least a fast path is granted (`least_want`, which makes it at least 1), and so what a
-/// node holding less asks for along with the window that ran dry
-/// (`NodeLimiter::handle_fast_path_need`).
-pub fn round_of_pace(allowance: u64, length_ms: u32, round_ms: u32, fleet_size: u32) -> u64 {
-    (u128::from(allowance) * u128::from(round_ms))
-        .div_ceil(u128::from(length_ms) * u128::from(fleet_size.max(1))) as u64
 }
 
 /// Lines (node epochs) a ledger takes per fleet node before it refuses a new one that

@@ -3,7 +3,7 @@
 //! global (true) time order and admits it when every window has allowance left.
 
 use bus_schemas::{KeyId, WindowSpec};
-use gateway_node::window::{window_at, window_end_ms, window_start_ms};
+use node_core::window::{window_at, window_end_ms, window_start_ms};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct KwBooks {

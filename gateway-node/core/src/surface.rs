@@ -393,7 +393,7 @@ impl BuildHasher for KeyIdHasherBuilder {
 /// concurrent deciders may pass it by their number), so collisions make the bound stricter,
 /// never looser. Allocated once, at construction. The edge guard (`http::edge`) keeps its
 /// per-key floor and its fleet ceiling in one too.
-pub(crate) struct Backstop {
+pub struct Backstop {
     rows: [Box<[AtomicU64]>; 2],
 }
 
@@ -402,8 +402,14 @@ const BACKSTOP_SLOTS: usize = 1 << 16;
 const SECOND_SHIFT: u32 = 32;
 const COUNT_MAX: u64 = u32::MAX as u64;
 
+impl Default for Backstop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Backstop {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         let row = || (0..BACKSTOP_SLOTS).map(|_| AtomicU64::new(0)).collect();
         Self {
             rows: [row(), row()],
@@ -416,7 +422,7 @@ impl Backstop {
 
     /// One admission for whatever hashes to `hash` in the second `wall_ms` falls in, if
     /// either of its slots admitted fewer than `floor_per_s` in it.
-    pub(crate) fn try_admit_hash(&self, hash: u64, wall_ms: u64, floor_per_s: u64) -> bool {
+    pub fn try_admit_hash(&self, hash: u64, wall_ms: u64, floor_per_s: u64) -> bool {
         // Whole seconds since the epoch fit the slot's 32 bits until 2106.
         let second = (wall_ms / 1_000).min(u64::from(u32::MAX));
         let first = &self.rows[0][(hash as usize) & (BACKSTOP_SLOTS - 1)];
