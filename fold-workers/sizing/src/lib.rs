@@ -35,3 +35,17 @@ pub fn round_of_pace(allowance: u64, length_ms: u32, round_ms: u32, fleet_size: 
     (u128::from(allowance) * u128::from(round_ms))
         .div_ceil(u128::from(length_ms) * u128::from(fleet_size.max(1))) as u64
 }
+
+/// A-fixed: a node's share of a window in fixed mode, the reserve held back, rounded
+/// down. The node takes it unasked; the owner counts it as committed for every node not
+/// yet heard from, so the two must agree to the unit.
+pub fn fixed_share(allowance: u64, reserve_permille: u64, fleet_size: u32) -> u64 {
+    allowance * (1_000 - reserve_permille) / 1_000 / u64::from(fleet_size)
+}
+
+/// One round of a node's demand smoothing taking in a rise from `held` to `sample`: an
+/// eighth of the step, rounded up (never a fall). The owner takes in a reported rise of
+/// a key spread thin this way, as the node itself would.
+pub fn smoothed_rise(held: u64, sample: u64) -> u64 {
+    held + sample.saturating_sub(held).div_ceil(8)
+}
