@@ -15,6 +15,13 @@
 //!
 //! Writers: request tasks only ever decrement (or refund their own decrement); the single
 //! reconciler adds, installs and drains. All updates are CAS loops on the whole word.
+//!
+//! This module is the only code that reads or writes a word's fields. The surface and the
+//! reconciler name a window by its number and call the operations below: `charge` and
+//! `uncharge` on the request path; `fill`, `grant`, `mark_exhausted`, `drain_to` and
+//! `close` in the reconciler; `read`, `held` and `holds_no_credit` to look. The tag-level
+//! primitives under them (`try_charge`, `add_credit`, `install`, `drain_above`, ...) stay
+//! public for tools that inspect words.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,8 +29,8 @@ const TAG_SHIFT: u32 = 41;
 const EXHAUSTED_BIT: u64 = 1 << 40;
 pub const CREDIT_MAX: u64 = (1 << 40) - 1;
 /// A tag is the window number's low 22 bits with the top (23rd) bit set; the all-zero tag
-/// means "empty" and no window's tag is ever zero. A mask and an or, where the earlier
-/// modulo by 2^23 - 1 cost ~12 instructions per window on the decision path.
+/// means "empty" and no window's tag is ever zero. A mask and an or keep it to two
+/// instructions per window on the decision path.
 const TAG_NUMBER_MASK: u64 = (1 << 22) - 1;
 const TAG_LIVE_BIT: u64 = 1 << 22;
 pub const TAG_EMPTY: u64 = 0;
@@ -145,6 +152,89 @@ pub fn drain_above(word: &AtomicU64, tag: u64, keep: u64) -> Option<u64> {
             Err(seen) => cur = seen,
         }
     }
+}
+
+/// A word's view of the window a caller names, when the word holds that window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowCredit {
+    pub credit: u64,
+    /// The owner has said the window's pool is spent (D6: a 429 waits for its boundary).
+    pub exhausted: bool,
+}
+
+/// The two words of one window slot, both empty.
+pub fn empty_pair() -> [AtomicU64; 2] {
+    [AtomicU64::new(EMPTY_WORD), AtomicU64::new(EMPTY_WORD)]
+}
+
+/// The word of a slot's pair that window `number` uses.
+#[inline(always)]
+pub fn word_of(words: &[AtomicU64; 2], number: u64) -> &AtomicU64 {
+    &words[parity(number)]
+}
+
+/// Request path: take one unit of window `number`'s credit from its slot's pair.
+#[inline(always)]
+pub fn charge(words: &[AtomicU64; 2], number: u64) -> bool {
+    try_charge(word_of(words, number), tag_of(number)).is_ok()
+}
+
+/// Request path: give back a unit `charge` took (D4's all or none).
+#[inline(always)]
+pub fn uncharge(words: &[AtomicU64; 2], number: u64) {
+    refund(word_of(words, number), tag_of(number));
+}
+
+/// What `word` holds of window `number`: `None` when it holds another window (or none).
+#[inline]
+pub fn read(word: &AtomicU64, number: u64) -> Option<WindowCredit> {
+    let w = word.load(Ordering::Acquire);
+    (word_tag(w) == tag_of(number)).then_some(WindowCredit {
+        credit: word_credit(w),
+        exhausted: word_exhausted(w),
+    })
+}
+
+/// Credit `word` holds of window `number` (0 when it holds another window).
+#[inline]
+pub fn held(word: &AtomicU64, number: u64) -> u64 {
+    read(word, number).map_or(0, |c| c.credit)
+}
+
+/// Whether `word` holds no credit, of whatever window (D7 evicts only such buckets).
+#[inline]
+pub fn holds_no_credit(word: &AtomicU64) -> bool {
+    word_credit(word.load(Ordering::Acquire)) == 0
+}
+
+/// Reconciler: make `word` hold window `number` with `credit`, whatever it held. The caller
+/// has closed the window it held first (`drain`/`close`), so nothing is lost.
+pub fn fill(word: &AtomicU64, number: u64, credit: u64, exhausted: bool) {
+    install(word, tag_of(number), credit, exhausted);
+}
+
+/// Reconciler: add a grant's `delta` to window `number`'s word and set its exhausted flag.
+/// False (nothing changed) when the word holds another window.
+pub fn grant(word: &AtomicU64, number: u64, delta: u64, exhausted: bool) -> bool {
+    add_credit(word, tag_of(number), delta, exhausted)
+}
+
+/// Reconciler: the owner said window `number`'s pool is spent; the word keeps its credit.
+pub fn mark_exhausted(word: &AtomicU64, number: u64) -> bool {
+    add_credit(word, tag_of(number), 0, true)
+}
+
+/// Reconciler: take what window `number`'s word holds above `keep` (credit going back to
+/// the pool). `None` when the word holds another window.
+pub fn drain_to(word: &AtomicU64, number: u64, keep: u64) -> Option<u64> {
+    drain_above(word, tag_of(number), keep)
+}
+
+/// Reconciler: close window `number`, taking everything its word holds: with what was
+/// received and returned, this fixes the window's spend. `None` when the word holds
+/// another window.
+pub fn close(word: &AtomicU64, number: u64) -> Option<u64> {
+    drain(word, tag_of(number))
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@
 //!   requests (`poll_transmit`). It fills, closes and drains the surface's credit words;
 //!   request tasks only ever decrement them.
 //!
-//! Supporting modules: [`credit`] (the packed credit word), [`window`] (window ids from
-//! wall time with the per-key phase, D3), [`policy`] (plans and overrides in a form the
-//! request path can read without allocating), [`retry`] (the 429 timing, D6).
+//! Supporting modules: [`credit`] (the packed credit word and every operation on it),
+//! [`window`] (window ids from wall time with the per-key phase, D3), [`policy`] (plans
+//! and overrides in a form the request path can read without allocating), [`retry`] (the
+//! 429 timing, D6).
 //!
 //! This crate cannot reach a clock, a socket or a runtime: its `Cargo.toml` has no such
 //! dependency, and `tests/tests/core_purity.rs` fails if one appears in its tree. The
