@@ -1,6 +1,6 @@
 //! The fold worker: `fold-core`'s owners driven over real NATS.
 //!
-//! [`service::run_fold_worker`] takes shard leases in the key-value bucket, runs one
+//! [`service::run_elected_worker`] takes shard leases in the key-value bucket, runs one
 //! [`FoldOwner`] per held shard, folds the nodes' reports into it and publishes its grants
 //! and fast-path replies (`foldgate-fold`, `src/bin/`); [`metrics`] renders its bus
 //! metrics for Prometheus (F6) and serves the scrape endpoint.

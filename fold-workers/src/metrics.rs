@@ -1,4 +1,4 @@
-//! The fold worker's bus metrics (issue 4 item 5, F6, A48), in Prometheus text format,
+//! The fold worker's bus metrics (F6, A48), in Prometheus text format,
 //! and the scrape endpoint `foldgate-fold --metrics-listen` serves them on.
 //!
 //! F6 wants detection that does not depend on the accurate path: a node that stops
@@ -6,13 +6,13 @@
 //! bus that delays reports shows in the fold-age histogram (`reconciliation_freshness`),
 //! whatever the limiter itself believes.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::service::FoldWorkerStats;
+use foldgate_runtime::metrics::{self as prom, Kind};
 pub use foldgate_runtime::metrics::{Histogram, Unit};
 
 /// Node ids counted per node; a fleet is at most this big (the simulator's bound too).
@@ -88,117 +88,96 @@ impl NodeRates {
     }
 }
 
+/// The worker's single counters, in the order they are written: (name, help, value).
+fn counters(stats: &FoldWorkerStats) -> [(&'static str, &'static str, &AtomicU64); 12] {
+    [
+        (
+            "foldgate_fold_reports_total",
+            "Report batches folded.",
+            &stats.reports,
+        ),
+        (
+            "foldgate_fold_fast_path_requests_total",
+            "Fast-path requests answered (D5).",
+            &stats.fast_path_requests,
+        ),
+        (
+            "foldgate_fold_grant_batches_total",
+            "Grant batches published.",
+            &stats.grant_batches_published,
+        ),
+        (
+            "foldgate_fold_publish_errors_total",
+            "Publishes the NATS client refused.",
+            &stats.publish_errors,
+        ),
+        (
+            "foldgate_fold_invariant_breaches_total",
+            "Owners that found their books broken and stopped issuing credit.",
+            &stats.invariant_breaches,
+        ),
+        (
+            "foldgate_fold_shards_given_up_total",
+            "Shards whose owner found its invariant broken, handed back and not taken again.",
+            &stats.shards_given_up,
+        ),
+        (
+            "foldgate_fold_leases_taken_total",
+            "Shard leases won (owner changes toward this worker).",
+            &stats.leases_taken,
+        ),
+        (
+            "foldgate_fold_leases_lost_total",
+            "Shard leases lost or given up (owner changes away from it).",
+            &stats.leases_lost,
+        ),
+        (
+            "foldgate_fold_policy_applied_total",
+            "Policy snapshots taken into force (P1).",
+            &stats.policy_applied,
+        ),
+        (
+            "foldgate_fold_policy_refused_total",
+            "Policy snapshots refused whole: bad, or not newer.",
+            &stats.policy_refused,
+        ),
+        (
+            "foldgate_fold_policy_watch_errors_total",
+            "Errors and ends of the policy watch, each followed by watching on.",
+            &stats.policy_watch_errors,
+        ),
+        (
+            "foldgate_fold_not_owned_total",
+            "Valid envelopes for a shard this worker does not own.",
+            &stats.not_owned,
+        ),
+    ]
+}
+
 /// Prometheus text for one worker's stats.
 pub fn render(stats: &FoldWorkerStats) -> String {
     let mut out = String::with_capacity(4_096);
-    let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-            v.load(Ordering::Relaxed)
-        );
-    };
-    counter(
-        &mut out,
-        "foldgate_fold_reports_total",
-        "Report batches folded.",
-        &stats.reports,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_fast_path_requests_total",
-        "Fast-path requests answered (D5).",
-        &stats.fast_path_requests,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_grant_batches_total",
-        "Grant batches published.",
-        &stats.grant_batches_published,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_publish_errors_total",
-        "Publishes the NATS client refused.",
-        &stats.publish_errors,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_invariant_breaches_total",
-        "Owners that found their books broken and stopped issuing credit.",
-        &stats.invariant_breaches,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_shards_given_up_total",
-        "Shards whose owner found its invariant broken, handed back and not taken again.",
-        &stats.shards_given_up,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_leases_taken_total",
-        "Shard leases won (owner changes toward this worker).",
-        &stats.leases_taken,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_leases_lost_total",
-        "Shard leases lost or given up (owner changes away from it).",
-        &stats.leases_lost,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_policy_applied_total",
-        "Policy snapshots taken into force (P1).",
-        &stats.policy_applied,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_policy_refused_total",
-        "Policy snapshots refused whole: bad, or not newer.",
-        &stats.policy_refused,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_policy_watch_errors_total",
-        "Errors and ends of the policy watch, each followed by watching on.",
-        &stats.policy_watch_errors,
-    );
-    counter(
-        &mut out,
-        "foldgate_fold_not_owned_total",
-        "Valid envelopes for a shard this worker does not own.",
-        &stats.not_owned,
-    );
-    let _ = writeln!(
-        out,
-        "# HELP foldgate_fold_rejected_envelopes_total Envelopes dropped whole, by reason (B2).\n\
-         # TYPE foldgate_fold_rejected_envelopes_total counter"
-    );
-    for (reason, v) in REJECT_REASONS.iter().zip(&stats.rejected_by_reason) {
-        let _ = writeln!(
-            out,
-            "foldgate_fold_rejected_envelopes_total{{reason=\"{reason}\"}} {}",
-            v.load(Ordering::Relaxed)
-        );
+    for (name, help, value) in counters(stats) {
+        prom::counter(&mut out, name, help, value.load(Ordering::Relaxed));
     }
-    let _ = writeln!(
-        out,
-        "# HELP foldgate_fold_shards_owned Shards this worker owns now.\n\
-         # TYPE foldgate_fold_shards_owned gauge\nfoldgate_fold_shards_owned {}",
-        stats.shards_owned.load(Ordering::Relaxed)
+    let name = "foldgate_fold_rejected_envelopes_total";
+    let help = "Envelopes dropped whole, by reason (B2).";
+    prom::header(&mut out, name, help, Kind::Counter);
+    for (reason, v) in REJECT_REASONS.iter().zip(&stats.rejected_by_reason) {
+        prom::labelled(&mut out, name, "reason", reason, v.load(Ordering::Relaxed));
+    }
+    prom::gauge(
+        &mut out,
+        "foldgate_fold_shards_owned",
+        "Shards this worker owns now.",
+        stats.shards_owned.load(Ordering::Relaxed),
     );
-    let _ = writeln!(
-        out,
-        "# HELP foldgate_fold_reports_received_per_node_per_round Report batches per round \
-         from each node over the last second (F6: 0 is a node gone quiet; one per owned \
-         shard is normal).\n# TYPE foldgate_fold_reports_received_per_node_per_round gauge"
-    );
+    let name = "foldgate_fold_reports_received_per_node_per_round";
+    let help = "Report batches per round from each node over the last second (F6: 0 is a \
+                node gone quiet; one per owned shard is normal).";
+    prom::header(&mut out, name, help, Kind::Gauge);
     for (node, rate) in stats.node_rates.last() {
-        let _ = writeln!(
-            out,
-            "foldgate_fold_reports_received_per_node_per_round{{node=\"{node}\"}} {rate}"
-        );
+        prom::labelled(&mut out, name, "node", &node.to_string(), rate);
     }
     stats.fold_age_ms.render(
         &mut out,

@@ -139,12 +139,7 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
 
     // Be a one-node fleet: report both shards every round, acknowledging whatever owner
     // epoch answers (the takeover fence, C8), until a grant with credit comes back.
-    let now_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-    };
+    let now_ms = || foldgate_runtime::wall_since_epoch().as_millis() as u64;
     let mut owner_seen = [OwnerEpoch(0); SHARDS as usize];
     let mut credited = [false; SHARDS as usize];
     let give_up = Instant::now() + Duration::from_secs(15);

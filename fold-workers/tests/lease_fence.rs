@@ -36,10 +36,7 @@ fn signal(signal: &str, pid: &str) {
 }
 
 fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    foldgate_runtime::wall_since_epoch().as_millis() as u64
 }
 
 /// Node 0's report of one busy line, acknowledging any owner epoch.

@@ -1,4 +1,4 @@
-//! The node limiter on a real NATS bus (issue 4, B1, C1, D5): the runtime around the
+//! The node limiter on a real NATS bus (B1, C1, D5): the runtime around the
 //! sans-IO `NodeLimiter`. It owns no protocol logic, only timers and sockets:
 //!
 //! * a tick task: every round, `handle_tick(now)`, then publish each report batch to its
@@ -139,8 +139,8 @@ fn lock(limiter: &Mutex<NodeLimiter>) -> std::sync::MutexGuard<'_, NodeLimiter> 
 
 /// The limiter's lock if it can be had by `deadline`, without blocking the thread: the
 /// round's tick holds it for its whole pass over the due keys, and a fast path that
-/// waited the pass out on a worker thread missed its hard 1 ms deadline (D5) by however
-/// long the pass took. Past the deadline the request is a miss, as a late reply is.
+/// waited the pass out on a worker thread would miss its hard 1 ms deadline (D5) by
+/// however long the pass took. Past the deadline the request is a miss, as a late reply is.
 /// It yields to the runtime between tries: for 1 ms that costs less than a wake-up from
 /// every holder (the embedded runtime, waiting up to a round, is woken instead).
 pub(crate) async fn lock_by<T>(
@@ -157,6 +157,96 @@ pub(crate) async fn lock_by<T>(
             return None;
         }
         tokio::task::yield_now().await;
+    }
+}
+
+/// The grant task: decodes each message on the node's grant inbox (a bad envelope is
+/// counted by reason and dropped whole) and hands it to the limiter.
+async fn apply_grants(
+    mut grants: async_nats::Subscriber,
+    limiter: Arc<Mutex<NodeLimiter>>,
+    stats: Arc<NodeBusStats>,
+    clock: Clock,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let msg = tokio::select! {
+            m = grants.next() => match m { Some(m) => m, None => return },
+            _ = shutdown.changed() => return,
+        };
+        stats
+            .bytes_in
+            .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+        match GrantBatch::decode(&msg.payload) {
+            Ok(batch) => {
+                stats.grant_batches.fetch_add(1, Ordering::Relaxed);
+                lock(&limiter).handle_grant_batch(clock(), &batch);
+            }
+            Err(e) => stats.rejected(e.reason()),
+        }
+    }
+}
+
+/// The publisher task: each queued report to its shard's subject, with the grant inbox
+/// as the reply subject.
+async fn publish_reports(
+    mut reports: tokio::sync::mpsc::Receiver<(String, Vec<u8>)>,
+    client: async_nats::Client,
+    inbox: String,
+    stats: Arc<NodeBusStats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (subject, bytes) = tokio::select! {
+            r = reports.recv() => match r {
+                Some(report) => report,
+                None => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        // Not connected: drop it. The client would buffer it and, on reconnect, flush
+        // thousands of stale reports (each superseded by a later cumulative one, C1) ahead
+        // of the current round's, holding every owner busy for ~200 ms after a 5 s outage
+        // (F7, BENCHMARKS.md).
+        if client.connection_state() != async_nats::connection::State::Connected {
+            stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        match client
+            .publish_with_reply(subject, inbox.clone(), bytes.into())
+            .await
+        {
+            Ok(()) => stats.reports_published.fetch_add(1, Ordering::Relaxed),
+            Err(_) => stats.publish_errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// One round's tick: the limiter's reports, queued for the publisher (dropped when the
+/// queue is full).
+fn tick(
+    limiter: &Mutex<NodeLimiter>,
+    stats: &NodeBusStats,
+    clock: &Clock,
+    reports: &tokio::sync::mpsc::Sender<(String, Vec<u8>)>,
+) {
+    let out: Vec<Transmit> = {
+        let mut l = lock(limiter);
+        l.handle_tick(clock());
+        std::iter::from_fn(|| l.poll_transmit()).collect()
+    };
+    for t in out {
+        let Transmit::Report(r) = t else { continue };
+        let bytes = r.encode();
+        stats
+            .bytes_out
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if reports
+            .try_send((subjects::report(r.shard.0), bytes))
+            .is_err()
+        {
+            stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -180,102 +270,35 @@ impl NodeBus {
         let limiter = Arc::new(Mutex::new(limiter));
         let stats = Arc::new(NodeBusStats::default());
         let inbox = subjects::grant_inbox(node);
-        let mut grants = client.subscribe(inbox.clone()).await?;
-
-        let grant_task = {
-            let (limiter, stats, clock, mut shutdown) = (
-                Arc::clone(&limiter),
-                Arc::clone(&stats),
-                Arc::clone(&clock),
-                shutdown.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    let msg = tokio::select! {
-                        m = grants.next() => match m { Some(m) => m, None => return },
-                        _ = shutdown.changed() => return,
-                    };
-                    stats
-                        .bytes_in
-                        .fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
-                    match GrantBatch::decode(&msg.payload) {
-                        Ok(batch) => {
-                            stats.grant_batches.fetch_add(1, Ordering::Relaxed);
-                            lock(&limiter).handle_grant_batch(clock(), &batch);
-                        }
-                        Err(e) => stats.rejected(e.reason()),
-                    }
-                }
-            })
-        };
-
+        let grants = client.subscribe(inbox.clone()).await?;
+        let grant_task = tokio::spawn(apply_grants(
+            grants,
+            Arc::clone(&limiter),
+            Arc::clone(&stats),
+            Arc::clone(&clock),
+            shutdown.clone(),
+        ));
         // The tick never waits on the bus: reports go through a bounded queue to a
         // publisher task, and a full queue drops the newest (the bus is lossy anyway, and
-        // the next round's report supersedes it). Found by `bench fleet --bus-down-at`:
-        // awaiting the publish stalled the tick, the surface took the stalled reconciler
-        // for a dead one (D8) and failed open, 27.5% over the limit.
+        // the next round's report supersedes it). Awaiting the publish would stall the
+        // tick while the bus is down, the surface would take the stalled reconciler for a
+        // dead one (D8) and fail open: 27.5% over the limit in `bench fleet --bus-down-at`.
         let queue_cap = REPORT_QUEUE_ROUNDS * limiter_shards(&limiter);
-        let (reports_tx, mut reports_rx) =
-            tokio::sync::mpsc::channel::<(String, Vec<u8>)>(queue_cap);
-        let publish_task = {
-            let (stats, client, inbox, mut shutdown) = (
-                Arc::clone(&stats),
-                client.clone(),
-                inbox.clone(),
-                shutdown.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    let (subject, bytes) = tokio::select! {
-                        r = reports_rx.recv() => match r {
-                            Some(report) => report,
-                            None => return,
-                        },
-                        _ = shutdown.changed() => return,
-                    };
-                    // Not connected: drop it. The client would buffer it and, on
-                    // reconnect, flush thousands of stale reports (each superseded by a
-                    // later cumulative one, C1) ahead of the current round's, which held
-                    // every owner busy for ~200 ms after a 5 s outage (F7, BENCHMARKS.md).
-                    if client.connection_state() != async_nats::connection::State::Connected {
-                        stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    match client
-                        .publish_with_reply(subject, inbox.clone(), bytes.into())
-                        .await
-                    {
-                        Ok(()) => stats.reports_published.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => stats.publish_errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                }
-            })
-        };
+        let (reports_tx, reports_rx) = tokio::sync::mpsc::channel::<(String, Vec<u8>)>(queue_cap);
+        let publish_task = tokio::spawn(publish_reports(
+            reports_rx,
+            client.clone(),
+            inbox.clone(),
+            Arc::clone(&stats),
+            shutdown.clone(),
+        ));
         let tick_task = {
             let (limiter, stats, clock) =
                 (Arc::clone(&limiter), Arc::clone(&stats), Arc::clone(&clock));
             tokio::spawn(each_round(round, shutdown, move || {
-                let out: Vec<Transmit> = {
-                    let mut l = lock(&limiter);
-                    l.handle_tick(clock());
-                    std::iter::from_fn(|| l.poll_transmit()).collect()
-                };
-                for t in out {
-                    let Transmit::Report(r) = t else { continue };
-                    let bytes = r.encode();
-                    stats
-                        .bytes_out
-                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    if reports_tx
-                        .try_send((subjects::report(r.shard.0), bytes))
-                        .is_err()
-                    {
-                        stats.reports_dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                tick(&limiter, &stats, &clock, &reports_tx)
             }))
         };
-
         Ok(Self {
             limiter,
             surface,
@@ -314,7 +337,7 @@ impl NodeBus {
                 while let Some(next) = updates.next().await {
                     // An error is not the watch's end: async-nats recreates the watch's
                     // consumer after a missed heartbeat (a server restart, a failover).
-                    // Stopping at the first one froze the policy in force for good.
+                    // Stopping at the first one would freeze the policy in force for good.
                     let Ok(entry) = next else {
                         stats.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
                         // Not a hot loop if the errors keep coming.

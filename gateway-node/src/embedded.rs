@@ -1,6 +1,6 @@
 //! The embedded in-process bus: one node and its fold owners in one process, for a
-//! single-node gateway run without NATS (the documented default of `foldgate-node`, issue
-//! 5) and nothing else. ADR-1 lets the owner be a role on the gateway; here it is the only
+//! single-node gateway run without NATS (the documented default of `foldgate-node`) and
+//! nothing else. ADR-1 lets the owner be a role on the gateway; here it is the only
 //! role, so messages pass as domain values, and the same state machines that run on NATS
 //! run here unchanged.
 //!
@@ -383,13 +383,13 @@ mod tests {
         holder.await.unwrap();
     }
 
-    /// The false 429s of the issue-5 bench (BENCHMARKS.md): on a CPU-starved node the
-    /// round task runs late, by up to several rounds. A key far under its limit must
+    /// False 429s on a CPU-starved node (BENCHMARKS.md): there the round task runs late,
+    /// by up to several rounds. A key far under its limit must
     /// still be admitted every time: late rounds are not missed rounds (C8 at the
     /// owner, F1 at the node), D5's round keeps pace with wall time, and a fast path at
     /// the end of a window asks for the next one too, and a fast path asks for every
-    /// window of the key that runs low, not just the empty one. Each of the five, undone
-    /// alone, made this test (or its idle-gap part) deny hundreds to 200,000 requests.
+    /// window of the key that runs low, not just the empty one. Without any one of the five,
+    /// this test (or its idle-gap part) denies hundreds to 200,000 requests.
     #[test]
     fn late_rounds_never_deny_a_key_far_under_its_limit() {
         let t0 = Now {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use foldgate_harness::http_tools::{LoadPlan, get_once, plain_client, run_load};
 use foldgate_tests::http::{HASH_KEY_HEX, KEY_SEED, key, policy, start_upstream};
@@ -87,10 +87,7 @@ async fn wait_ready(admin_port: u16) {
 }
 
 fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
+    foldgate_runtime::wall_since_epoch().as_secs()
 }
 
 /// O3's third drill: the limiter middleware in a crash loop with the edge alone in the

@@ -1,4 +1,4 @@
-//! One TOML file per binary, overridable by environment and by flags (issue 5).
+//! One TOML file per binary, overridable by environment and by flags.
 //!
 //! Layers, last wins: the struct's defaults, the file, `PREFIX_KEY=value` environment
 //! variables (`__` for a nested table: `FOLDGATE_NODE_POLICY__VERSION`), then

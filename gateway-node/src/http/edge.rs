@@ -10,7 +10,7 @@
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -97,10 +97,7 @@ pub struct EdgeGuard {
 }
 
 fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    foldgate_runtime::wall_since_epoch().as_millis() as u64
 }
 
 impl EdgeGuard {

@@ -2,10 +2,10 @@
 //! rendered in the text exposition format on demand. A registry with label maps would put
 //! a lookup on every request; these are fixed counters, so a request only increments.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use foldgate_runtime::metrics::{Histogram, Unit};
+use foldgate_runtime::metrics::{self as prom, Kind};
+pub use foldgate_runtime::metrics::{Histogram, Unit, counter, gauge};
 
 /// Bucket upper bounds of the latency histograms, in nanoseconds: the decision is
 /// expected in the first few; the rest catch fast paths and stalls.
@@ -117,30 +117,18 @@ impl GatewayMetrics {
 
     /// The gateway's own series; the caller appends the limiter's and the bus's gauges.
     pub fn render(&self, out: &mut String, prefix: &str) {
-        let name = format!("{prefix}_requests_total");
-        let _ = writeln!(
+        render_family(
             out,
-            "# HELP {name} Requests by what the gateway did with them.\n# TYPE {name} counter"
+            &format!("{prefix}_requests_total"),
+            "Requests by what the gateway did with them.",
+            OUTCOMES.iter().map(|(_, label)| *label).zip(&self.outcomes),
         );
-        for ((_, label), n) in OUTCOMES.iter().zip(&self.outcomes) {
-            let _ = writeln!(
-                out,
-                "{name}{{outcome=\"{label}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let name = format!("{prefix}_decisions_total");
-        let _ = writeln!(
+        render_family(
             out,
-            "# HELP {name} Limiter verdicts.\n# TYPE {name} counter"
+            &format!("{prefix}_decisions_total"),
+            "Limiter verdicts.",
+            VERDICTS.iter().map(|(_, label)| *label).zip(&self.verdicts),
         );
-        for ((_, label), n) in VERDICTS.iter().zip(&self.verdicts) {
-            let _ = writeln!(
-                out,
-                "{name}{{outcome=\"{label}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
         self.limiter_latency.render(
             out,
             &format!("{prefix}_limiter_added_latency_seconds"),
@@ -160,18 +148,17 @@ impl GatewayMetrics {
     }
 }
 
-pub fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-    );
-}
-
-pub fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-    );
+/// A counter with one sample per `outcome` label.
+fn render_family<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl Iterator<Item = (&'a str, &'a AtomicU64)>,
+) {
+    prom::header(out, name, help, Kind::Counter);
+    for (label, n) in samples {
+        prom::labelled(out, name, "outcome", label, n.load(Ordering::Relaxed));
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! The HTTP gateway (issue 5): `foldgate-node` puts the limiter in front of an upstream
+//! The HTTP gateway: `foldgate-node` puts the limiter in front of an upstream
 //! API; `foldgate-edge` is the backstop in front of the nodes (D9).
 //!
-//! * [`node`] — authenticate, decide, proxy; the runtime (embedded or NATS) it decides on.
+//! * [`node`] — authenticate, decide, proxy; the runtime (embedded or NATS) it decides on;
+//!   its settings.
 //! * [`edge`] — the per-key floor and the fleet ceiling share, outside the limiter.
 //! * [`auth`] — the key from the request (D1), its HMAC id (D2), correlation ids.
 //! * [`contract`] — the responses the gateway makes itself: 429 (D6), 401, 502, 504.

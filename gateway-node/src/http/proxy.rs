@@ -198,19 +198,7 @@ impl Upstream {
         extra: &[(HeaderName, HeaderValue)],
     ) -> (Response<Body>, Outcome) {
         let Place(permit) = place;
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
-        let (scheme, authority) = &self.targets[i];
-        let path = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let Ok(uri) = Uri::builder()
-            .scheme(scheme.clone())
-            .authority(authority.clone())
-            .path_and_query(path)
-            .build()
-        else {
+        let Some(uri) = self.target_uri(&req) else {
             return (
                 contract::gateway_error(
                     StatusCode::BAD_REQUEST,
@@ -223,26 +211,45 @@ impl Upstream {
         *req.uri_mut() = uri;
         // The upstream leg is HTTP/1.1 whatever the client spoke: the pool is h1.
         *req.version_mut() = Version::HTTP_11;
-        let h = req.headers_mut();
-        strip_hop_by_hop(h);
-        h.remove(http::header::HOST);
-        contract::set_correlation(h, correlation_id);
-        let forwarded = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prior) => format!("{prior}, {}", peer.ip()),
-            None => peer.ip().to_string(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&forwarded) {
-            h.insert("x-forwarded-for", v);
-        }
-        for (k, v) in extra {
-            h.insert(k.clone(), v.clone());
-        }
+        upstream_headers(req.headers_mut(), peer, correlation_id, extra);
         // The place is shared by the request body on its way up and the response body on
         // its way down, and goes when both are done.
         let permit = Arc::new(permit);
         let body_read_timeout = self.body_read_timeout;
         let req = req.map(|body| ClientBody::new(body, body_read_timeout, Arc::clone(&permit)));
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let answer = tokio::time::timeout(self.timeout, self.client.request(req)).await;
+        self.respond(answer, permit, correlation_id)
+    }
+
+    /// The request's path and query on the next upstream, round-robin.
+    fn target_uri(&self, req: &Request<Incoming>) -> Option<Uri> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        let (scheme, authority) = &self.targets[i];
+        let path = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()
+            .ok()
+    }
+
+    /// The client's answer: the upstream's response relayed with its body streaming in
+    /// `permit`'s place, or the gateway's 502 or 504.
+    fn respond(
+        &self,
+        answer: Result<
+            Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+            tokio::time::error::Elapsed,
+        >,
+        permit: Arc<OwnedSemaphorePermit>,
+        correlation_id: &str,
+    ) -> (Response<Body>, Outcome) {
+        match answer {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -287,6 +294,29 @@ impl Upstream {
                 )
             }
         }
+    }
+}
+
+/// The request's headers as the upstream gets them: this hop's removed, the correlation
+/// id set, the peer appended to `x-forwarded-for`, and the caller's `extra` added.
+fn upstream_headers(
+    h: &mut HeaderMap,
+    peer: SocketAddr,
+    correlation_id: &str,
+    extra: &[(HeaderName, HeaderValue)],
+) {
+    strip_hop_by_hop(h);
+    h.remove(http::header::HOST);
+    contract::set_correlation(h, correlation_id);
+    let forwarded = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) => format!("{prior}, {}", peer.ip()),
+        None => peer.ip().to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        h.insert("x-forwarded-for", v);
+    }
+    for (k, v) in extra {
+        h.insert(k.clone(), v.clone());
     }
 }
 

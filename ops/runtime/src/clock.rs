@@ -1,7 +1,7 @@
 //! The clock a runtime reads and hands to the state machines.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bus_schemas::Now;
 
@@ -16,10 +16,16 @@ pub type Clock = Arc<dyn Fn() -> Now + Send + Sync>;
 pub fn system_clock() -> Clock {
     let start = Instant::now();
     Arc::new(move || Now {
-        wall_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+        wall_ms: wall_since_epoch().as_millis() as u64,
         mono_ms: 1_000_000 + start.elapsed().as_millis() as u64,
     })
+}
+
+/// The system's wall clock since the Unix epoch; zero for a clock set before it. The one
+/// reading of wall time: [`system_clock`]'s window ids, the edge's seconds, the lease
+/// ages a worker judges against the server's timestamps.
+pub fn wall_since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }

@@ -3,7 +3,8 @@
 //! * [`clock`]: where a runtime reads the time it hands the sans-IO state machines
 //!   ([`Clock`]), and the system clocks production passes ([`system_clock`]).
 //! * [`nats`]: the connect options every bus client uses (reconnect pacing, mTLS).
-//! * [`metrics`]: a fixed-bucket atomic histogram and its Prometheus text rendering.
+//! * [`metrics`]: a fixed-bucket atomic histogram, and the Prometheus text rendering of
+//!   it and of single counters and gauges.
 //!
 //! The protocol cores (`node-core`, `fold-core`) never see this crate: they are handed
 //! `now` and messages. It is the services around them (`gateway-node`, `fold-workers`,
@@ -13,4 +14,4 @@ pub mod clock;
 pub mod metrics;
 pub mod nats;
 
-pub use clock::{Clock, system_clock};
+pub use clock::{Clock, system_clock, wall_since_epoch};

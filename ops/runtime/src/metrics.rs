@@ -1,12 +1,58 @@
-//! A fixed-bucket histogram with atomic counts, and its Prometheus text rendering.
+//! A fixed-bucket histogram with atomic counts, and the Prometheus text rendering every
+//! Foldgate metric goes through: headers, single counters and gauges, histograms.
 //!
 //! Plain atomics rather than a registry with label maps: a registry puts a lookup on
 //! every observation, and these sit on the request path and the fold path, which only
 //! increment.
 
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// A metric's Prometheus type, as its `# TYPE` line names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// Appends a metric's `# HELP` and `# TYPE` lines; its samples follow.
+pub fn header(out: &mut String, name: &str, help: &str, kind: Kind) {
+    let kind = kind.as_str();
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Appends a metric of one unlabelled sample, header included.
+pub fn single(out: &mut String, name: &str, help: &str, kind: Kind, value: u64) {
+    header(out, name, help, kind);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// Appends a counter of one unlabelled sample.
+pub fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    single(out, name, help, Kind::Counter, value);
+}
+
+/// Appends a gauge of one unlabelled sample.
+pub fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+    single(out, name, help, Kind::Gauge, value);
+}
+
+/// Appends one sample of a labelled metric: `name{label="value"} sample`.
+pub fn labelled(out: &mut String, name: &str, label: &str, value: &str, sample: impl Display) {
+    let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {sample}");
+}
 
 /// How a histogram's values are written out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,7 +118,7 @@ impl Histogram {
 
     /// Appends the histogram in the Prometheus text exposition format.
     pub fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        header(out, name, help, Kind::Histogram);
         let mut cumulative = 0;
         for (b, c) in self.bounds.iter().zip(self.counts.iter()) {
             cumulative += c.load(Ordering::Relaxed);
@@ -120,6 +166,21 @@ mod tests {
         assert!(out.contains("x_sum 44\nx_count 6\n"));
         assert_eq!(h.quantile_bound(0.5), 5);
         assert_eq!(h.quantile_bound(0.99), u64::MAX);
+    }
+
+    #[test]
+    fn single_series_and_labelled_samples_follow_their_header() {
+        let mut out = String::new();
+        counter(&mut out, "c_total", "Counted.", 3);
+        gauge(&mut out, "g", "Gauged.", 4);
+        header(&mut out, "l_total", "By reason.", Kind::Counter);
+        labelled(&mut out, "l_total", "reason", "bad", 5);
+        assert_eq!(
+            out,
+            "# HELP c_total Counted.\n# TYPE c_total counter\nc_total 3\n\
+             # HELP g Gauged.\n# TYPE g gauge\ng 4\n\
+             # HELP l_total By reason.\n# TYPE l_total counter\nl_total{reason=\"bad\"} 5\n"
+        );
     }
 
     #[test]
