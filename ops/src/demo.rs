@@ -105,3 +105,37 @@ pub async fn run_demo(
     }
     Ok(steps)
 }
+
+/// `foldgate demo`: runs the demo and prints each step as it happens, or every step as
+/// one JSON array at the end.
+pub fn run_and_print(limit_1s: u64, limit_60s: u64, json: bool) -> anyhow::Result<()> {
+    if !json {
+        println!(
+            "Gateway with embedded defaults (in-process bus and fold owner, no NATS); \
+             one key, plan {limit_1s} per 1 s and {limit_60s} per 60 s."
+        );
+    }
+    let steps = crate::runtime()?.block_on(run_demo(limit_1s, limit_60s, |s| {
+        if !json {
+            print_step(s);
+        }
+    }))?;
+    if json {
+        println!("{}", serde_json::to_string(&steps)?);
+    }
+    Ok(())
+}
+
+fn print_step(s: &DemoStep) {
+    match s.status {
+        429 => println!(
+            "request {:>2}: 429  Retry-After: {}  X-RateLimit-Reset-Ms: {}  X-Request-Id: {}\n            body: {}\n            (waiting the time it named)",
+            s.request,
+            s.retry_after.as_deref().unwrap_or("-"),
+            s.reset_ms.as_deref().unwrap_or("-"),
+            s.correlation_id.as_deref().unwrap_or("-"),
+            s.body.as_deref().unwrap_or("")
+        ),
+        st => println!("request {:>2}: {st}", s.request),
+    }
+}

@@ -1,12 +1,12 @@
-//! The README's main job (issue 5): a gateway with its embedded defaults earns a 429 only
+//! The README's main job: a gateway with its embedded defaults earns a 429 only
 //! once the plan's 1 s allowance is spent, never before, and the wait it names is true.
 
 use ops::demo::run_demo;
 
 const LIMIT_1S: u64 = 5;
 
-/// Five fresh gateways, each with a fresh key: a false early 429 (a fresh node holding one
-/// round's pace of credit, which an earlier build gave on most runs) fails this test.
+/// Five fresh gateways, each with a fresh key: a false early 429 fails this test (a fresh
+/// node holding only one round's pace of credit would give one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_earns_its_429_after_exactly_the_allowance_and_the_named_wait_is_true() {
     for run in 0..5 {

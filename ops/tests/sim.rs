@@ -1,4 +1,4 @@
-//! The simulator's own guarantees (issue 3): invariants hold for hundreds of seeds across
+//! The simulator's own guarantees: invariants hold for hundreds of seeds across
 //! every scenario, the same seed replays byte for byte, faults really happen, and the
 //! global-sync baseline really over-admits where the design says it must.
 

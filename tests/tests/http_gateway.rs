@@ -198,12 +198,7 @@ async fn the_429_contract_sub_second_multi_second_and_both_windows() {
     // in the fresh window then. (A full-suite run on 2026-12-04 failed here with 6
     // admitted; starting the loop 100 ms before the boundary gives exactly that, 1.2 s
     // before it the exhaustion notice comes first and it passes.)
-    let wall_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-    };
+    let wall_ms = || foldgate_runtime::wall_since_epoch().as_millis() as u64;
     let w60 = gateway_node::window::window_at(key1, 60_000, wall_ms());
     let left_ms = gateway_node::window::window_end_ms(key1, w60).saturating_sub(wall_ms());
     if left_ms < 3_000 {
@@ -214,10 +209,7 @@ async fn the_429_contract_sub_second_multi_second_and_both_windows() {
     let by = Instant::now() + Duration::from_secs(2);
     while Instant::now() < by {
         let (s, h, b) = get_once(&c, &url, Some(&key(1))).await.unwrap();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
+        let now_ms = wall_ms();
         match s.as_u16() {
             200 => admitted += 1,
             429 => {

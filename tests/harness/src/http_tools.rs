@@ -1,4 +1,4 @@
-//! HTTP tooling around the gateway (issue 5): a tiny upstream for local runs
+//! HTTP tooling around the gateway: a tiny upstream for local runs
 //! (`foldgate upstream`), an open-loop load generator (`foldgate bench http`), bench keys
 //! derived from a seed so no raw key is ever written to a file.
 
@@ -146,106 +146,196 @@ pub struct LoadReport {
 pub async fn run_load(plan: &LoadPlan) -> Vec<LoadReport> {
     assert!(!plan.targets.is_empty(), "a load plan has a target");
     let n_targets = plan.targets.len() as u64;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client: Client<HttpConnector, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(plan.max_in_flight)
-        .build(connector);
+    let shot = Shot::new(plan);
     let total = (plan.rate as f64 * plan.seconds).round() as u64 * n_targets;
-    let keys: Vec<String> = (0..plan.keys.max(1))
-        .map(|i| format!("Bearer {}", bench_key(plan.key_seed, i)))
-        .collect();
-    let keys = Arc::new(keys);
-    let slots = Arc::new(Semaphore::new(plan.max_in_flight.max(1)));
-    // The schedule runs on its own thread with the OS sleep, not a tokio timer: tokio's
-    // timer wheel has 1 ms ticks, which would send requests in 1 ms clumps and charge up
-    // to a millisecond of the generator's own lateness to the server under test.
-    let handle = tokio::runtime::Handle::current();
-    let interval_ns = 1e9 / (plan.rate.max(1) * n_targets) as f64;
-    let start = Instant::now();
-    let (targets, path, timeout) = (plan.targets.clone(), plan.path.clone(), plan.timeout);
-    let scheduler = std::thread::spawn(move || {
-        let mut handles = Vec::with_capacity(total as usize);
-        for i in 0..total {
-            let due = start + Duration::from_nanos((i as f64 * interval_ns) as u64);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let (client, keys, slots) = (client.clone(), Arc::clone(&keys), Arc::clone(&slots));
-            let uri = format!("{}{path}", targets[(i % n_targets) as usize]);
-            handles.push(handle.spawn(async move {
-                let permit = slots.acquire_owned().await.expect("semaphore never closes");
-                let req = Request::get(uri)
-                    .header("authorization", &keys[(i % keys.len() as u64) as usize])
-                    .body(Empty::<Bytes>::new())
-                    .expect("valid request");
-                let status = match tokio::time::timeout(timeout, client.request(req)).await {
-                    Ok(Ok(resp)) => {
-                        let status = resp.status().as_u16();
-                        // Read the body so the connection goes back to the pool.
-                        let _ = resp.into_body().collect().await;
-                        status
-                    }
-                    _ => 0,
-                };
-                drop(permit);
-                (status, due.elapsed(), (i % n_targets) as usize)
-            }));
-        }
-        handles
-    });
+    let schedule = Schedule {
+        targets: plan.targets.clone(),
+        path: plan.path.clone(),
+        total,
+        interval_ns: 1e9 / (plan.rate.max(1) * n_targets) as f64,
+        start: Instant::now(),
+    };
+    let start = schedule.start;
+    let scheduler = schedule.spawn(shot, tokio::runtime::Handle::current());
     let handles = tokio::task::spawn_blocking(move || scheduler.join().expect("scheduler"))
         .await
         .expect("scheduler thread");
     let elapsed = start.elapsed().as_secs_f64();
-    let mut reports: Vec<(LoadReport, Vec<u64>)> = plan
+    let mut tallies: Vec<Tally> = plan
         .targets
         .iter()
-        .map(|t| {
-            let report = LoadReport {
-                target: t.clone(),
-                rate: plan.rate,
-                seconds: plan.seconds,
-                sent: total / n_targets,
-                ..LoadReport::default()
-            };
-            (report, Vec::with_capacity((total / n_targets) as usize))
-        })
+        .map(|t| Tally::new(plan, t, total / n_targets))
         .collect();
     for h in handles {
-        let Ok((status, latency, t)) = h.await else {
+        let Ok(sent) = h.await else {
             // A panicked request task: no target to book it to, so book the first.
-            reports[0].0.errors += 1;
+            tallies[0].report.errors += 1;
             continue;
         };
-        let (report, lat_ns) = &mut reports[t];
-        match status {
-            200..=299 => report.ok += 1,
-            429 => report.status_429 += 1,
-            401 => report.status_401 += 1,
-            _ => report.errors += 1,
-        }
-        lat_ns.push(latency.as_nanos() as u64);
+        tallies[sent.target].book(&sent);
     }
-    reports
-        .into_iter()
-        .map(|(mut report, mut lat_ns)| {
-            lat_ns.sort_unstable();
-            let q = |p: f64| {
-                lat_ns
-                    .get(((lat_ns.len() as f64 * p) as usize).min(lat_ns.len().saturating_sub(1)))
-                    .map(|&n| (n as f64 / 100.0).round() / 10.0)
-                    .unwrap_or(0.0)
-            };
-            report.latency_us_p50 = q(0.50);
-            report.latency_us_p99 = q(0.99);
-            report.latency_us_p999 = q(0.999);
-            report.latency_us_max = lat_ns.last().map(|&n| n as f64 / 1_000.0).unwrap_or(0.0);
-            report.achieved_rate = (lat_ns.len() as f64 / elapsed * 10.0).round() / 10.0;
-            report
+    tallies.into_iter().map(|t| t.finish(elapsed)).collect()
+}
+
+/// What one request needs besides its URI and due time; cloned into every request task.
+#[derive(Clone)]
+struct Shot {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    /// `authorization` header values, one per bench key, used round-robin.
+    keys: Arc<Vec<String>>,
+    slots: Arc<Semaphore>,
+    timeout: Duration,
+}
+
+/// One request's outcome: its status (0 for a timeout or a transport error), its latency
+/// from its due time, and its target's index.
+struct Sent {
+    status: u16,
+    latency: Duration,
+    target: usize,
+}
+
+impl Shot {
+    fn new(plan: &LoadPlan) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(plan.max_in_flight)
+            .build(connector);
+        let keys: Vec<String> = (0..plan.keys.max(1))
+            .map(|i| format!("Bearer {}", bench_key(plan.key_seed, i)))
+            .collect();
+        Self {
+            client,
+            keys: Arc::new(keys),
+            slots: Arc::new(Semaphore::new(plan.max_in_flight.max(1))),
+            timeout: plan.timeout,
+        }
+    }
+
+    /// Request `i`, sent once a slot is free; its latency counts from `due` all the same.
+    async fn fire(self, uri: String, i: u64, due: Instant, target: usize) -> Sent {
+        let permit = self
+            .slots
+            .acquire_owned()
+            .await
+            .expect("semaphore never closes");
+        let req = Request::get(uri)
+            .header(
+                "authorization",
+                &self.keys[(i % self.keys.len() as u64) as usize],
+            )
+            .body(Empty::<Bytes>::new())
+            .expect("valid request");
+        let status = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => {
+                let status = resp.status().as_u16();
+                // Read the body so the connection goes back to the pool.
+                let _ = resp.into_body().collect().await;
+                status
+            }
+            _ => 0,
+        };
+        drop(permit);
+        Sent {
+            status,
+            latency: due.elapsed(),
+            target,
+        }
+    }
+}
+
+/// When each request is due and where it goes: request i at `start + i * interval_ns`,
+/// to target i mod n.
+struct Schedule {
+    targets: Vec<String>,
+    path: String,
+    total: u64,
+    interval_ns: f64,
+    start: Instant,
+}
+
+impl Schedule {
+    /// Spawns each request on `handle` at its due time, from a thread of its own; the
+    /// thread's result is every request's task.
+    ///
+    /// The schedule runs with the OS sleep, not a tokio timer: tokio's timer wheel has
+    /// 1 ms ticks, which would send requests in 1 ms clumps and charge up to a millisecond
+    /// of the generator's own lateness to the server under test.
+    fn spawn(
+        self,
+        shot: Shot,
+        handle: tokio::runtime::Handle,
+    ) -> std::thread::JoinHandle<Vec<tokio::task::JoinHandle<Sent>>> {
+        std::thread::spawn(move || {
+            let n_targets = self.targets.len() as u64;
+            let mut handles = Vec::with_capacity(self.total as usize);
+            for i in 0..self.total {
+                let due = self.start + Duration::from_nanos((i as f64 * self.interval_ns) as u64);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                let target = (i % n_targets) as usize;
+                let uri = format!("{}{}", self.targets[target], self.path);
+                handles.push(handle.spawn(shot.clone().fire(uri, i, due, target)));
+            }
+            handles
         })
-        .collect()
+    }
+}
+
+/// One target's report as its requests complete, and their latencies.
+struct Tally {
+    report: LoadReport,
+    lat_ns: Vec<u64>,
+}
+
+impl Tally {
+    fn new(plan: &LoadPlan, target: &str, sent: u64) -> Self {
+        let report = LoadReport {
+            target: target.to_string(),
+            rate: plan.rate,
+            seconds: plan.seconds,
+            sent,
+            ..LoadReport::default()
+        };
+        Self {
+            report,
+            lat_ns: Vec::with_capacity(sent as usize),
+        }
+    }
+
+    fn book(&mut self, sent: &Sent) {
+        match sent.status {
+            200..=299 => self.report.ok += 1,
+            429 => self.report.status_429 += 1,
+            401 => self.report.status_401 += 1,
+            _ => self.report.errors += 1,
+        }
+        self.lat_ns.push(sent.latency.as_nanos() as u64);
+    }
+
+    /// The report with its latency percentiles and achieved rate over `elapsed` seconds.
+    fn finish(self, elapsed: f64) -> LoadReport {
+        let Self {
+            mut report,
+            mut lat_ns,
+        } = self;
+        lat_ns.sort_unstable();
+        let q = |p: f64| {
+            lat_ns
+                .get(((lat_ns.len() as f64 * p) as usize).min(lat_ns.len().saturating_sub(1)))
+                .map(|&n| (n as f64 / 100.0).round() / 10.0)
+                .unwrap_or(0.0)
+        };
+        report.latency_us_p50 = q(0.50);
+        report.latency_us_p99 = q(0.99);
+        report.latency_us_p999 = q(0.999);
+        report.latency_us_max = lat_ns.last().map(|&n| n as f64 / 1_000.0).unwrap_or(0.0);
+        report.achieved_rate = (lat_ns.len() as f64 / elapsed * 10.0).round() / 10.0;
+        report
+    }
 }
 
 /// One request, for the demo and for tests: status, the headers that matter, and the body.
@@ -272,7 +362,6 @@ pub fn plain_client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
-/// A listener on a free loopback port.
 /// Serves `gateway` on two fresh loopback ports, API and admin, until `stop` turns true;
 /// returns their addresses.
 pub async fn serve_on_loopback<G: gateway_node::http::server::Gateway>(
@@ -292,6 +381,7 @@ pub async fn serve_on_loopback<G: gateway_node::http::server::Gateway>(
     Ok((addr, admin))
 }
 
+/// A listener on a free loopback port, and its address.
 pub async fn loopback() -> std::io::Result<(TcpListener, SocketAddr)> {
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let a = l.local_addr()?;

@@ -1,0 +1,233 @@
+//! What a run reports: its counts (`Counts`), the closed key-windows behind its accuracy
+//! (`RunOutcome`), the `--json` object over one or more seeds (`SimReport`), and the
+//! `--admissions-out` CSV.
+
+use std::collections::BTreeMap;
+
+use fold_core::{FOLD_AGE_BUCKETS, FoldOwner};
+
+use crate::config::{Scenario, SimConfig, SimMode, WhatIf};
+use crate::oracle::{Accuracy, ClosedKw, round4};
+
+/// One run's result: the summary and the closed key-windows behind it.
+pub struct RunOutcome {
+    pub counts: Counts,
+    pub closed: Vec<ClosedKw>,
+    /// Each violation, with the run's replay command.
+    pub violations: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Counts {
+    pub offered: u64,
+    pub admitted: u64,
+    pub fail_open_admitted: u64,
+    pub denied: u64,
+    pub fast_path: u64,
+    pub fast_path_deadline_missed: u64,
+    pub self_grants: u64,
+    pub degraded_node_rounds: u64,
+    pub owner_changes: u64,
+    pub node_restarts: u64,
+    pub bus_sent: u64,
+    pub bus_lost: u64,
+    pub bus_cut: u64,
+    /// The protocol's work, for the node epochs alive at the end: report lines sent,
+    /// keys their rounds visited, grant entries applied (the simulator's cost follows
+    /// these more than the request count).
+    pub report_entries: u64,
+    pub keys_visited: u64,
+    pub grants_applied: u64,
+    /// C10: report entries folded in the owners' hot lane.
+    pub hot_deferred: u64,
+    /// Fold age histograms (whole rounds, last bucket = that many or more), summed over
+    /// owners: keys outside the hot set, and hot keys.
+    pub fold_age_rounds_cold: [u64; FOLD_AGE_BUCKETS],
+    pub fold_age_rounds_hot: [u64; FOLD_AGE_BUCKETS],
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.offered += o.offered;
+        self.admitted += o.admitted;
+        self.fail_open_admitted += o.fail_open_admitted;
+        self.denied += o.denied;
+        self.fast_path += o.fast_path;
+        self.fast_path_deadline_missed += o.fast_path_deadline_missed;
+        self.self_grants += o.self_grants;
+        self.degraded_node_rounds += o.degraded_node_rounds;
+        self.owner_changes += o.owner_changes;
+        self.node_restarts += o.node_restarts;
+        self.bus_sent += o.bus_sent;
+        self.bus_lost += o.bus_lost;
+        self.bus_cut += o.bus_cut;
+        self.report_entries += o.report_entries;
+        self.keys_visited += o.keys_visited;
+        self.grants_applied += o.grants_applied;
+        self.add_owner_histograms(
+            o.hot_deferred,
+            &o.fold_age_rounds_cold,
+            &o.fold_age_rounds_hot,
+        );
+    }
+
+    fn add_owner_histograms(
+        &mut self,
+        hot_deferred: u64,
+        cold: &[u64; FOLD_AGE_BUCKETS],
+        hot: &[u64; FOLD_AGE_BUCKETS],
+    ) {
+        self.hot_deferred += hot_deferred;
+        for i in 0..FOLD_AGE_BUCKETS {
+            self.fold_age_rounds_cold[i] += cold[i];
+            self.fold_age_rounds_hot[i] += hot[i];
+        }
+    }
+
+    pub(crate) fn add_owner(&mut self, owner: &FoldOwner) {
+        let s = owner.stats();
+        self.add_owner_histograms(
+            s.hot_deferred,
+            &s.fold_age_rounds_cold,
+            &s.fold_age_rounds_hot,
+        );
+    }
+}
+
+/// The p99 of a fold-age histogram, in rounds.
+fn p99_rounds(h: &[u64; FOLD_AGE_BUCKETS]) -> u64 {
+    let total: u64 = h.iter().sum();
+    let want = total - total / 100;
+    let mut seen = 0;
+    for (i, n) in h.iter().enumerate() {
+        seen += n;
+        if seen >= want && total > 0 {
+            return i as u64;
+        }
+    }
+    0
+}
+
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct PlanWindow {
+    pub length_ms: u32,
+    pub limit: u64,
+}
+
+/// The `--json` object. The first fields are the interface other tooling reads.
+#[derive(Debug, serde::Serialize)]
+pub struct SimReport {
+    pub scenario: Scenario,
+    pub mode: SimMode,
+    pub seed: u64,
+    pub seeds: u64,
+    pub nodes: u32,
+    pub keys: u32,
+    pub sim_seconds: u64,
+    pub offered: u64,
+    pub admitted: u64,
+    pub fail_open_admitted: u64,
+    pub over_admission_pct_max: f64,
+    pub over_admission_pct_p99: f64,
+    pub under_admission_pct_p99: f64,
+    pub under_admission_pct_mean: f64,
+    pub fast_path_share_pct: f64,
+    pub invariant_violations: u64,
+    pub wall_ms: u64,
+    pub rate: u64,
+    pub plan: [PlanWindow; 2],
+    /// The same accuracy figures per window kind ("1000", "60000").
+    pub by_window: BTreeMap<String, Accuracy>,
+    /// A57/C10: p99 fold age, in rounds, of keys outside the hot set and of hot keys.
+    pub fold_age_p99_rounds_cold: u64,
+    pub fold_age_p99_rounds_hot: u64,
+    pub counts: Counts,
+    pub replay: String,
+    /// The rules this run lifted (`--what-if`); absent for the design as built.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub what_if: Vec<WhatIf>,
+}
+
+impl SimReport {
+    pub fn build(cfg: &SimConfig, seeds: u64, outcomes: &[RunOutcome], wall_ms: u64) -> Self {
+        let mut counts = Counts::default();
+        for o in outcomes {
+            counts.add(&o.counts);
+        }
+        let all = Accuracy::of(outcomes.iter().flat_map(|o| o.closed.iter()));
+        let plan = cfg.plan();
+        let by_window = plan
+            .iter()
+            .map(|w| {
+                (
+                    w.length_ms.to_string(),
+                    Accuracy::of(
+                        outcomes
+                            .iter()
+                            .flat_map(|o| o.closed.iter())
+                            .filter(|c| c.window_kind == w.length_ms),
+                    ),
+                )
+            })
+            .collect();
+        Self {
+            scenario: cfg.scenario,
+            mode: cfg.mode,
+            seed: cfg.seed,
+            seeds,
+            nodes: cfg.nodes,
+            keys: cfg.keys,
+            sim_seconds: cfg.seconds,
+            offered: counts.offered,
+            admitted: counts.admitted,
+            fail_open_admitted: counts.fail_open_admitted,
+            over_admission_pct_max: all.over_admission_pct_max,
+            over_admission_pct_p99: all.over_admission_pct_p99,
+            under_admission_pct_p99: all.under_admission_pct_p99,
+            under_admission_pct_mean: all.under_admission_pct_mean,
+            fast_path_share_pct: round4(
+                counts.fast_path as f64 * 100.0 / counts.offered.max(1) as f64,
+            ),
+            invariant_violations: outcomes.iter().map(|o| o.violations.len() as u64).sum(),
+            wall_ms,
+            rate: cfg.rate,
+            plan: plan.map(|w| PlanWindow {
+                length_ms: w.length_ms,
+                limit: w.limit,
+            }),
+            by_window,
+            fold_age_p99_rounds_cold: p99_rounds(&counts.fold_age_rounds_cold),
+            fold_age_p99_rounds_hot: p99_rounds(&counts.fold_age_rounds_hot),
+            counts,
+            replay: cfg.replay_command(),
+            what_if: cfg.what_if.clone(),
+        }
+    }
+}
+
+/// `--admissions-out`: one row per closed key-window.
+pub fn write_admissions_csv(
+    out: &mut impl std::io::Write,
+    outcomes: &[RunOutcome],
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "key,window_kind,window_id,allowance,offered,admitted,oracle_admitted"
+    )?;
+    for o in outcomes {
+        for c in &o.closed {
+            writeln!(
+                out,
+                "{},{},{},{},{},{},{}",
+                c.key,
+                c.window_kind,
+                c.window_id,
+                c.allowance,
+                c.offered,
+                c.admitted,
+                c.oracle_admitted
+            )?;
+        }
+    }
+    Ok(())
+}

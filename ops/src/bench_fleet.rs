@@ -1,0 +1,505 @@
+//! `foldgate bench fleet`: node runtimes in this process and `foldgate-fold` worker
+//! processes on a real nats-server, pinned traffic in real time, booked against the exact
+//! oracle; with optional drills (an owner killed, nodes restarted, the bus stopped) and
+//! F7's recovery probe. Prints one JSON object.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use async_nats::jetstream::kv::Store;
+use fold_workers::service::{LeaseConfig, lease_holder_name, lease_key};
+use foldgate_harness::KillOnDrop as Worker;
+use foldgate_harness::fleet::{
+    Clock, NatsServer, RecoveryProbe, RunBooks, connect, drill_plan_for, drive_pinned, start_nodes,
+    system_clock,
+};
+use foldgate_sim::oracle::{Accuracy, round4};
+use gateway_node::bus::NodeBus;
+
+/// The drill's shape, as `foldgate bench fleet` takes it.
+#[derive(Clone, Debug)]
+pub struct FleetDrill {
+    /// Use this server instead of starting one (it must have JetStream on).
+    pub nats: Option<String>,
+    pub nodes: u32,
+    pub workers: u32,
+    pub keys: usize,
+    /// Offered requests per second, fleet-wide.
+    pub rate: u64,
+    /// Real seconds of traffic.
+    pub seconds: u64,
+    pub lease_ms: u64,
+    /// SIGKILL the worker holding shard 0 at this second.
+    pub kill_owner_at: Option<f64>,
+    /// Restart this many nodes (new epoch, zero credit, C9), 100 ms apart...
+    pub restart_nodes: u32,
+    /// ...starting at this second (`None`: half-way).
+    pub restart_at: Option<f64>,
+    /// Stop the nats-server (only one this command started) at this second...
+    pub bus_down_at: Option<f64>,
+    /// ...for this many seconds.
+    pub bus_down_s: f64,
+}
+
+/// Runs the drill and prints its report.
+pub fn run(d: FleetDrill) -> Result<()> {
+    if d.nodes < 2 || d.workers == 0 || d.keys == 0 || d.seconds == 0 {
+        bail!("--nodes >= 2, --workers >= 1, --keys >= 1, --seconds >= 1");
+    }
+    let worker_bin = worker_binary()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(drill(d, worker_bin))
+}
+
+/// `foldgate-fold`, expected beside this binary.
+fn worker_binary() -> Result<PathBuf> {
+    let worker_bin = std::env::current_exe()?
+        .parent()
+        .context("the binary's directory")?
+        .join("foldgate-fold");
+    if !worker_bin.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p fold-workers`",
+            worker_bin.display()
+        );
+    }
+    Ok(worker_bin)
+}
+
+async fn drill(d: FleetDrill, worker_bin: PathBuf) -> Result<()> {
+    if d.bus_down_at.is_some() && d.nats.is_some() {
+        bail!("--bus-down-at needs the server this command starts (no --nats)");
+    }
+    let mut server = d.nats.is_none().then(NatsServer::start);
+    let url = d
+        .nats
+        .clone()
+        .unwrap_or_else(|| server.as_ref().expect("started").url());
+    let mut workers = spawn_workers(&worker_bin, &url, &d)?;
+    let store = wait_for_leases(&url, d.nodes).await?;
+    let clock = system_clock();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let nodes = start_nodes(&url, d.nodes, &clock, &stop).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leases = LeaseWatch::start(store.clone(), d.nodes);
+    let victim = shard0_holder(&store).await;
+    if d.kill_owner_at.is_some() && victim.is_none() {
+        bail!("--kill-owner-at: no worker named in shard 0's lease");
+    }
+    let rate_per_key_milli = d.rate * 1_000 / d.keys as u64;
+    let windows = drill_plan_for(rate_per_key_milli);
+    let timeline = Timeline::of(&d, victim);
+    let mut seen = Observed::new();
+    let started = Instant::now();
+    let mut run = drive_pinned(
+        &nodes,
+        d.keys,
+        &windows,
+        rate_per_key_milli,
+        Duration::from_secs(d.seconds),
+        &clock,
+        |t| {
+            let mut fleet = Fleet {
+                nodes: &nodes,
+                clock: &clock,
+                workers: &mut workers,
+                server: server.as_mut(),
+            };
+            seen.at(&timeline, t, &mut fleet);
+        },
+    )
+    .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = stop_tx.send(true);
+    leases.task.abort();
+    let totals = NodeTotals::of(&nodes);
+    println!("{}", report(&d, &mut run, &seen, &totals, &leases, elapsed));
+    drop(workers);
+    drop(server);
+    Ok(())
+}
+
+/// Workers named w0, w1, ..., each competing for every shard's lease.
+fn spawn_workers(worker_bin: &Path, url: &str, d: &FleetDrill) -> Result<Vec<Option<Worker>>> {
+    let workers = (0..d.workers)
+        .map(|w| {
+            Command::new(worker_bin)
+                .args(["--nats", url, "--name", &format!("w{w}")])
+                .args([
+                    "--shards",
+                    &d.nodes.to_string(),
+                    "--fleet",
+                    &d.nodes.to_string(),
+                ])
+                .args(["--lease-ms", &d.lease_ms.to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .map(|c| Some(Worker(c)))
+        })
+        .collect::<std::io::Result<_>>()?;
+    Ok(workers)
+}
+
+/// The lease bucket, once every shard's lease is held (15 s at most).
+async fn wait_for_leases(url: &str, shards: u32) -> Result<Store> {
+    let js = async_nats::jetstream::new(connect(url).await);
+    let bucket = LeaseConfig::reference().bucket;
+    let up_by = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(s) = js.get_key_value(bucket.clone()).await {
+            let mut all = true;
+            for shard in 0..shards {
+                all &= matches!(s.get(lease_key(shard)).await, Ok(Some(_)));
+            }
+            if all {
+                return Ok(s);
+            }
+        }
+        if Instant::now() > up_by {
+            bail!("the fold workers did not take every shard's lease");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The index of the worker holding shard 0's lease: the lease holds the worker's name
+/// (`w<index>`) and a process token.
+async fn shard0_holder(store: &Store) -> Option<usize> {
+    match store.get(lease_key(0)).await {
+        Ok(Some(v)) => lease_holder_name(&v)
+            .strip_prefix('w')
+            .and_then(|n| n.parse::<usize>().ok()),
+        _ => None,
+    }
+}
+
+/// Owner changes: every time a shard's lease holder differs from the last one seen,
+/// polled every 25 ms.
+struct LeaseWatch {
+    changes: Arc<AtomicU64>,
+    /// When each change was seen, to place lease moves on F7's timeline.
+    change_times: Arc<Mutex<Vec<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseWatch {
+    fn start(store: Store, shards: u32) -> Self {
+        let changes = Arc::new(AtomicU64::new(0));
+        let change_times = Arc::new(Mutex::new(Vec::<Instant>::new()));
+        let task = {
+            let (changes, change_times) = (Arc::clone(&changes), Arc::clone(&change_times));
+            tokio::spawn(async move {
+                let mut last: Vec<Option<Vec<u8>>> = vec![None; shards as usize];
+                loop {
+                    for s in 0..shards {
+                        if let Ok(Some(v)) = store.get(lease_key(s)).await {
+                            let slot = &mut last[s as usize];
+                            if slot.as_deref().is_some_and(|old| old != &v[..]) {
+                                changes.fetch_add(1, Ordering::Relaxed);
+                                if let Ok(mut t) = change_times.lock() {
+                                    t.push(Instant::now());
+                                }
+                            }
+                            *slot = Some(v.to_vec());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            })
+        };
+        Self {
+            changes,
+            change_times,
+            task,
+        }
+    }
+
+    /// Lease moves seen at or after `back`, ms from it: how many, the first and the last.
+    fn moves_after(&self, back: Instant) -> serde_json::Value {
+        let t = self
+            .change_times
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default();
+        let after: Vec<u64> = t
+            .iter()
+            .filter(|i| **i >= back)
+            .map(|i| i.duration_since(back).as_millis() as u64)
+            .collect();
+        serde_json::json!({
+            "count": after.len(),
+            "first": after.iter().min(),
+            "last": after.iter().max(),
+        })
+    }
+}
+
+/// When the drill's events are due, in time since traffic began.
+struct Timeline {
+    /// How many nodes restart (at most the fleet), 100 ms apart from `restart_from`.
+    restarts: u32,
+    restart_from: Duration,
+    kill_at: Option<Duration>,
+    victim: Option<usize>,
+    /// The bus goes down at the first and comes back at the second.
+    bus_down: Option<(Duration, Duration)>,
+}
+
+impl Timeline {
+    fn of(d: &FleetDrill, victim: Option<usize>) -> Self {
+        Self {
+            restarts: d.restart_nodes.min(d.nodes),
+            restart_from: Duration::from_secs_f64(d.restart_at.unwrap_or(d.seconds as f64 / 2.0)),
+            kill_at: d.kill_owner_at.map(Duration::from_secs_f64),
+            victim,
+            bus_down: d.bus_down_at.map(|at| {
+                let at = Duration::from_secs_f64(at);
+                (at, at + Duration::from_secs_f64(d.bus_down_s))
+            }),
+        }
+    }
+}
+
+/// What the drill acts on while traffic runs.
+struct Fleet<'a> {
+    nodes: &'a [NodeBus],
+    clock: &'a Clock,
+    workers: &'a mut [Option<Worker>],
+    server: Option<&'a mut NatsServer>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum BusState {
+    #[default]
+    Up,
+    Down,
+    Back,
+}
+
+/// What the drill did and saw, as traffic runs.
+///
+/// F7's breakdown: when, after the bus came back (or the last node restarted), each of the
+/// probe's conditions first held; and how often the whole probe held before any fault
+/// (steady state), sampled every 50 ms after the first second.
+#[derive(Default)]
+struct Observed {
+    restarted: u32,
+    bus: BusState,
+    back_at: Option<Instant>,
+    recovery_probe_ms: Option<u64>,
+    degraded_max: usize,
+    first_unanimous_ms: Option<u64>,
+    first_fresh_ms: Option<u64>,
+    first_fresh_25ms: Option<u64>,
+    first_reconciled_ms: Option<u64>,
+    steady_samples: u64,
+    steady_passes: u64,
+    steady_passes_25ms: u64,
+    next_steady_sample: Duration,
+}
+
+impl Observed {
+    fn new() -> Self {
+        Self {
+            next_steady_sample: Duration::from_secs(1),
+            ..Self::default()
+        }
+    }
+
+    /// Called every millisecond of traffic with the time since it began.
+    fn at(&mut self, timeline: &Timeline, t: Duration, fleet: &mut Fleet<'_>) {
+        self.restart_due(timeline, t, fleet.nodes);
+        if timeline.kill_at.is_some_and(|k| t >= k)
+            && let Some(i) = timeline.victim
+        {
+            drop(fleet.workers[i].take());
+        }
+        if let (Some(window), Some(srv)) = (timeline.bus_down, fleet.server.as_deref_mut()) {
+            self.bus_due(window, t, srv);
+        }
+        if let (Some(back), None) = (self.back_at, self.recovery_probe_ms) {
+            self.probe_recovery(back, fleet);
+        } else if self.back_at.is_none()
+            && self.bus == BusState::Up
+            && timeline.kill_at.is_none_or(|k| t < k)
+            && t >= self.next_steady_sample
+        {
+            self.sample_steady(t, fleet);
+        }
+        let degraded = fleet
+            .nodes
+            .iter()
+            .filter(|n| n.surface().degraded())
+            .count();
+        self.degraded_max = self.degraded_max.max(degraded);
+    }
+
+    fn restart_due(&mut self, timeline: &Timeline, t: Duration, nodes: &[NodeBus]) {
+        while self.restarted < timeline.restarts
+            && t >= timeline.restart_from + Duration::from_millis(100 * u64::from(self.restarted))
+        {
+            nodes[self.restarted as usize].restart(bus_schemas::NodeEpoch(2));
+            self.restarted += 1;
+            if self.restarted == timeline.restarts {
+                self.back_at = Some(Instant::now());
+            }
+        }
+    }
+
+    fn bus_due(&mut self, (down, up): (Duration, Duration), t: Duration, srv: &mut NatsServer) {
+        if self.bus == BusState::Up && t >= down {
+            srv.stop();
+            self.bus = BusState::Down;
+        } else if self.bus == BusState::Down && t >= up {
+            srv.restart();
+            self.bus = BusState::Back;
+            self.back_at = Some(Instant::now());
+        }
+    }
+
+    /// F7: the first moment the probe finds the fleet recovered, and when each of its
+    /// conditions first held on the way.
+    fn probe_recovery(&mut self, back: Instant, fleet: &Fleet<'_>) {
+        let p = RecoveryProbe::take(fleet.nodes, (fleet.clock)());
+        let since_ms = back.elapsed().as_millis() as u64;
+        if p.shards > 0 && p.shards_confirmed == p.shards {
+            self.first_unanimous_ms.get_or_insert(since_ms);
+        }
+        if p.max_fold_age_rounds <= 1 {
+            self.first_fresh_ms.get_or_insert(since_ms);
+        }
+        if p.max_fold_age_ms < 25 {
+            self.first_fresh_25ms.get_or_insert(since_ms);
+        }
+        if p.key_windows_unreconciled == 0 {
+            self.first_reconciled_ms.get_or_insert(since_ms);
+        }
+        if p.recovered(25) {
+            self.recovery_probe_ms = Some(since_ms);
+        }
+    }
+
+    fn sample_steady(&mut self, t: Duration, fleet: &Fleet<'_>) {
+        self.next_steady_sample = t + Duration::from_millis(50);
+        self.steady_samples += 1;
+        let p = RecoveryProbe::take(fleet.nodes, (fleet.clock)());
+        self.steady_passes += u64::from(p.recovered(25));
+        self.steady_passes_25ms += u64::from(p.recovered(25) && p.max_fold_age_ms < 25);
+    }
+
+    /// The share of steady-state samples that passed, percent; none without samples.
+    fn steady_pct(&self, passes: u64) -> Option<f64> {
+        (self.steady_samples > 0)
+            .then(|| round4(passes as f64 * 100.0 / self.steady_samples as f64))
+    }
+}
+
+/// The nodes' own counters at the end of the run, summed over the fleet.
+#[derive(Default)]
+struct NodeTotals {
+    /// Nodes whose invariant check fails.
+    violations: u64,
+    fail_open: u64,
+    fast: u64,
+    fast_missed: u64,
+    /// Bus messages: reports, grant batches, and fast paths both ways.
+    msgs: u64,
+    /// Envelope payload bytes seen by the nodes, both directions.
+    bytes: u64,
+}
+
+impl NodeTotals {
+    fn of(nodes: &[NodeBus]) -> Self {
+        let mut t = Self::default();
+        for n in nodes {
+            t.violations += u64::from(n.with_limiter(|l| l.check_invariants()).is_err());
+            t.fail_open += n.surface().stats.fail_open.load(Ordering::Relaxed);
+            let s = &n.stats;
+            t.fast += s.fast_path_requests.load(Ordering::Relaxed);
+            t.fast_missed += s.fast_path_deadline_missed.load(Ordering::Relaxed);
+            t.bytes += s.bytes_out.load(Ordering::Relaxed) + s.bytes_in.load(Ordering::Relaxed);
+            t.msgs += s.reports_published.load(Ordering::Relaxed)
+                + s.grant_batches.load(Ordering::Relaxed)
+                + 2 * s.fast_path_requests.load(Ordering::Relaxed);
+        }
+        t
+    }
+}
+
+/// The `p` quantile of `v`, ns in, µs out.
+fn percentile_us(v: &mut [u64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+    round4(v[i] as f64 / 1_000.0)
+}
+
+/// The report, one JSON object; its fields are the interface the benchmark notes read.
+fn report(
+    d: &FleetDrill,
+    run: &mut RunBooks,
+    seen: &Observed,
+    totals: &NodeTotals,
+    leases: &LeaseWatch,
+    elapsed: f64,
+) -> serde_json::Value {
+    let closed = run.books.closed(run.started_ms + 1_000, run.ended_ms);
+    let all = Accuracy::of(closed.iter());
+    let one_s = Accuracy::of(closed.iter().filter(|c| c.window_kind == 1_000));
+    serde_json::json!({
+        "scenario": "pinned",
+        "mode": "leasing",
+        "nodes": d.nodes,
+        "workers": d.workers,
+        "keys": d.keys,
+        "sim_seconds": d.seconds,
+        "rate": d.rate,
+        "offered_rate_per_s": round4(run.offered as f64 / elapsed),
+        "offered": run.offered,
+        "admitted": run.admitted,
+        "fail_open_admitted": totals.fail_open,
+        "over_admission_pct_max": all.over_admission_pct_max,
+        "over_admission_pct_p99": all.over_admission_pct_p99,
+        "under_admission_pct_p99": all.under_admission_pct_p99,
+        "under_admission_pct_mean": all.under_admission_pct_mean,
+        "under_admission_pct_p99_1s": one_s.under_admission_pct_p99,
+        "closed_key_windows": all.closed_key_windows,
+        "fast_path_share_pct": round4(totals.fast as f64 * 100.0 / run.offered.max(1) as f64),
+        "invariant_violations": totals.violations,
+        "recovery_probe_ms": seen.recovery_probe_ms,
+        "recovery_breakdown_ms": {
+            "epochs_unanimous": seen.first_unanimous_ms,
+            "fold_age_under_round": seen.first_fresh_ms,
+            "every_contact_under_25_ms": seen.first_fresh_25ms,
+            "reconciled": seen.first_reconciled_ms,
+        },
+        // Lease moves seen after the bus came back (or the drill's event), ms: first and
+        // last (the watcher polls every 25 ms).
+        "owner_changes_after_ms": seen.back_at.map(|back| leases.moves_after(back)),
+        "probe_steady_pass_pct": seen.steady_pct(seen.steady_passes),
+        "probe_steady_pass_pct_contact_under_25_ms": seen.steady_pct(seen.steady_passes_25ms),
+        "restarted_nodes": seen.restarted,
+        "wall_ms": (elapsed * 1_000.0) as u64,
+        "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),
+        "decision_latency_us_p99": percentile_us(&mut run.decision_ns, 0.99),
+        "decision_latency_us_p999": percentile_us(&mut run.decision_ns, 0.999),
+        "fast_path_latency_us_p50": percentile_us(&mut run.fast_path_ns, 0.50),
+        "fast_path_latency_us_p99": percentile_us(&mut run.fast_path_ns, 0.99),
+        "fast_path_latency_us_max": percentile_us(&mut run.fast_path_ns, 1.0),
+        "fast_path_requests": totals.fast,
+        "fast_path_deadline_misses": totals.fast_missed,
+        "bus_msgs_per_s": round4(totals.msgs as f64 / elapsed),
+        "bus_bytes_per_s": round4(totals.bytes as f64 / elapsed),
+        "degraded_nodes_max": seen.degraded_max,
+        "owner_changes": leases.changes.load(Ordering::Relaxed),
+    })
+}
