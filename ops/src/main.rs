@@ -1,6 +1,6 @@
 //! `foldgate`: the operator CLI. This file is its arguments; each command runs a function
-//! of the `ops` library. `foldgate sim` is the embedded default main job: it needs nothing
-//! installed.
+//! of the `ops` library. `foldgate demo` is the README's main job (the gateway on its
+//! embedded defaults) and `foldgate sim` the simulator: neither needs anything installed.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -1,6 +1,6 @@
 //! The gateway node's limiter, with no IO: `node-core`.
 //!
-//! Two halves, kept apart on purpose (ARCHITECTURE.md, "The node"):
+//! Two halves, kept apart on purpose (ARCHITECTURE.md, "Code map", `node-core`):
 //!
 //! * [`surface`]: the **decision surface**, a concurrent map of atomic buckets that every
 //!   request task calls into ([`DecisionSurface::decide`]). A decision is a memory read

@@ -1,5 +1,5 @@
 //! What the tests and the simulator check the reconciler by: the node-side invariants
-//! (ARCHITECTURE.md, "Invariants"), the lines as they would be reported now, and the log
+//! (ARCHITECTURE.md, "Invariants and where each is kept"), the lines as they would be reported now, and the log
 //! of books changed since a checker last looked (`ChangeLog`).
 //!
 //! Nothing here is on a round's path except `ChangeLog::note`, which is a no-op until a
@@ -175,7 +175,7 @@ impl NodeLimiter {
         }
     }
 
-    /// The node-side safety properties (ARCHITECTURE.md, "Invariants"), checked after
+    /// The node-side safety properties (ARCHITECTURE.md, "Invariants and where each is kept"), checked after
     /// every step by the tests and the simulator.
     pub fn check_invariants(&mut self) -> Result<(), NodeInvariantError> {
         // Each floor moves as its record passes; a failed check puts back every floor it
