@@ -1,7 +1,10 @@
 //! `foldgate bench fleet`: node runtimes in this process and `foldgate-fold` worker
-//! processes on a real nats-server, pinned traffic in real time, booked against the exact
-//! oracle; with optional drills (an owner killed, nodes restarted, the bus stopped) and
-//! F7's recovery probe. Prints one JSON object.
+//! processes on a real nats-server, one of the simulator's traffic shapes (`--scenario`,
+//! seeded as `foldgate sim` seeds it) in real time, booked against the exact oracle; with
+//! optional drills (an owner killed, nodes restarted, the bus stopped) and F7's recovery
+//! probe. Prints one JSON object, with the costs also per request (bus messages and bytes,
+//! grants, report entries, fast paths, denials the oracle would have admitted) and the
+//! fold workers' CPU seconds.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,12 +14,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream::kv::Store;
+use bus_schemas::WindowSpec;
 use fold_workers::service::{LeaseConfig, lease_holder_name, lease_key};
 use foldgate_harness::KillOnDrop as Worker;
 use foldgate_harness::fleet::{
     Clock, NatsServer, RecoveryProbe, RunBooks, connect, drill_plan_for, drive_pinned, start_nodes,
     system_clock,
 };
+use foldgate_harness::scenario::{ScenarioPlan, TRAFFIC_SCENARIOS, drive_scenario};
+use foldgate_sim::Scenario;
 use foldgate_sim::oracle::{Accuracy, round4};
 use gateway_node::bus::NodeBus;
 
@@ -43,6 +49,39 @@ pub struct FleetDrill {
     pub bus_down_at: Option<f64>,
     /// ...for this many seconds.
     pub bus_down_s: f64,
+    /// The simulator's traffic shape (one of `TRAFFIC_SCENARIOS`) and its seed; `None`
+    /// is the drill's own pinned driver (`drive_pinned`: each key paced on its home nodes),
+    /// whose figures BENCHMARKS.md's fleet rows were taken with.
+    pub scenario: Option<Scenario>,
+    pub seed: u64,
+    /// The plan's limits; `None` keeps `drill_plan_for`'s for the offered rate.
+    pub limit_1s: Option<u64>,
+    pub limit_60s: Option<u64>,
+}
+
+impl FleetDrill {
+    /// The plan every key is on: `drill_plan_for` the per-key offered rate, with either
+    /// limit replaced when given, checked as a node would check it.
+    fn windows(&self) -> Result<[WindowSpec; 2]> {
+        let rate_per_key_milli = self.rate * 1_000 / self.keys as u64;
+        let [mut w1, mut w60] = drill_plan_for(rate_per_key_milli);
+        w1.limit = self.limit_1s.unwrap_or(w1.limit);
+        w60.limit = self.limit_60s.unwrap_or(w60.limit);
+        gateway_node::KeyPolicy::new(&[w1, w60], 25)
+            .map_err(|e| anyhow::anyhow!("--limit-1s / --limit-60s: {e:?}"))?;
+        Ok([w1, w60])
+    }
+
+    fn scenario_plan(&self) -> ScenarioPlan {
+        ScenarioPlan {
+            scenario: self.scenario.unwrap_or(Scenario::Pinned),
+            seed: self.seed,
+            keys: self.keys,
+            nodes: self.nodes as usize,
+            rate: self.rate,
+            run: Duration::from_secs(self.seconds),
+        }
+    }
 }
 
 /// Runs the drill and prints its report.
@@ -50,6 +89,10 @@ pub fn run(d: FleetDrill) -> Result<()> {
     if d.nodes < 2 || d.workers == 0 || d.keys == 0 || d.seconds == 0 {
         bail!("--nodes >= 2, --workers >= 1, --keys >= 1, --seconds >= 1");
     }
+    if let Some(s) = d.scenario.filter(|s| !TRAFFIC_SCENARIOS.contains(s)) {
+        bail!("--scenario {} is not a traffic shape", s.name());
+    }
+    d.windows()?;
     let worker_bin = worker_binary()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -93,34 +136,46 @@ async fn drill(d: FleetDrill, worker_bin: PathBuf) -> Result<()> {
     if d.kill_owner_at.is_some() && victim.is_none() {
         bail!("--kill-owner-at: no worker named in shard 0's lease");
     }
-    let rate_per_key_milli = d.rate * 1_000 / d.keys as u64;
-    let windows = drill_plan_for(rate_per_key_milli);
+    let windows = d.windows()?;
     let timeline = Timeline::of(&d, victim);
     let mut seen = Observed::new();
+    let cpu_from = worker_cpu_ticks(&workers);
     let started = Instant::now();
-    let mut run = drive_pinned(
-        &nodes,
-        d.keys,
-        &windows,
-        rate_per_key_milli,
-        Duration::from_secs(d.seconds),
-        &clock,
-        |t| {
-            let mut fleet = Fleet {
-                nodes: &nodes,
-                clock: &clock,
-                workers: &mut workers,
-                server: server.as_mut(),
-            };
-            seen.at(&timeline, t, &mut fleet);
-        },
-    )
-    .await;
+    let at = |t| {
+        let mut fleet = Fleet {
+            nodes: &nodes,
+            clock: &clock,
+            workers: &mut workers,
+            server: server.as_mut(),
+        };
+        seen.at(&timeline, t, &mut fleet);
+    };
+    let mut run = match d.scenario {
+        Some(_) => drive_scenario(&nodes, &windows, &d.scenario_plan(), &clock, at).await,
+        None => {
+            let rate_per_key_milli = d.rate * 1_000 / d.keys as u64;
+            let run_for = Duration::from_secs(d.seconds);
+            drive_pinned(
+                &nodes,
+                d.keys,
+                &windows,
+                rate_per_key_milli,
+                run_for,
+                &clock,
+                at,
+            )
+            .await
+        }
+    };
     let elapsed = started.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     leases.task.abort();
-    let totals = NodeTotals::of(&nodes);
-    println!("{}", report(&d, &mut run, &seen, &totals, &leases, elapsed));
+    let mut totals = NodeTotals::of(&nodes);
+    totals.add_restarted(&seen);
+    totals.fold_worker_cpu_s = fold_worker_cpu_s(&cpu_from, &workers, &seen.killed_cpu_ticks);
+    let mut out = report(&d, &mut run, &seen, &totals, &leases, elapsed);
+    add_plan_and_per_request(&mut out, &d, &windows, &run, &totals);
+    println!("{out}");
     drop(workers);
     drop(server);
     Ok(())
@@ -303,6 +358,12 @@ struct Observed {
     steady_passes: u64,
     steady_passes_25ms: u64,
     next_steady_sample: Duration,
+    /// The killed worker's CPU ticks just before the kill, as (worker index, ticks): its
+    /// `/proc` entry is gone by the end of the run.
+    killed_cpu_ticks: Vec<(usize, u64)>,
+    /// Limiter counters of restarted nodes' old epochs, which a restart replaces:
+    /// (grants applied, report entries sent).
+    restarted_stats: (u64, u64),
 }
 
 impl Observed {
@@ -319,6 +380,9 @@ impl Observed {
         if timeline.kill_at.is_some_and(|k| t >= k)
             && let Some(i) = timeline.victim
         {
+            if let Some(ticks) = fleet.workers[i].as_ref().and_then(|w| cpu_ticks(w.0.id())) {
+                self.killed_cpu_ticks.push((i, ticks));
+            }
             drop(fleet.workers[i].take());
         }
         if let (Some(window), Some(srv)) = (timeline.bus_down, fleet.server.as_deref_mut()) {
@@ -345,7 +409,14 @@ impl Observed {
         while self.restarted < timeline.restarts
             && t >= timeline.restart_from + Duration::from_millis(100 * u64::from(self.restarted))
         {
-            nodes[self.restarted as usize].restart(bus_schemas::NodeEpoch(2));
+            let node = &nodes[self.restarted as usize];
+            let old = node.with_limiter(|l| {
+                let s = l.stats();
+                (s.grants_applied, s.report_entries_sent)
+            });
+            self.restarted_stats.0 += old.0;
+            self.restarted_stats.1 += old.1;
+            node.restart(bus_schemas::NodeEpoch(2));
             self.restarted += 1;
             if self.restarted == timeline.restarts {
                 self.back_at = Some(Instant::now());
@@ -413,6 +484,12 @@ struct NodeTotals {
     msgs: u64,
     /// Envelope payload bytes seen by the nodes, both directions.
     bytes: u64,
+    /// Grants the nodes applied from the owners' grant batches (`NodeStats::grants_applied`;
+    /// fast-path grants are counted by `fast`), and report entries they sent (C1).
+    grants: u64,
+    report_entries: u64,
+    /// User + system CPU seconds of the `foldgate-fold` workers over the traffic.
+    fold_worker_cpu_s: f64,
 }
 
 impl NodeTotals {
@@ -421,6 +498,10 @@ impl NodeTotals {
         for n in nodes {
             t.violations += u64::from(n.with_limiter(|l| l.check_invariants()).is_err());
             t.fail_open += n.surface().stats.fail_open.load(Ordering::Relaxed);
+            n.with_limiter(|l| {
+                t.grants += l.stats().grants_applied;
+                t.report_entries += l.stats().report_entries_sent;
+            });
             let s = &n.stats;
             t.fast += s.fast_path_requests.load(Ordering::Relaxed);
             t.fast_missed += s.fast_path_deadline_missed.load(Ordering::Relaxed);
@@ -430,6 +511,98 @@ impl NodeTotals {
                 + 2 * s.fast_path_requests.load(Ordering::Relaxed);
         }
         t
+    }
+
+    /// Adds what restarted nodes counted before their restart.
+    fn add_restarted(&mut self, seen: &Observed) {
+        self.grants += seen.restarted_stats.0;
+        self.report_entries += seen.restarted_stats.1;
+    }
+}
+
+/// Clock ticks per second for `/proc/<pid>/stat`: `getconf CLK_TCK` (this crate has no
+/// libc binding for `sysconf(_SC_CLK_TCK)`), else 100, Linux's value on every mainstream
+/// architecture.
+fn clock_ticks_per_s() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
+}
+
+/// A process's user + system CPU ticks: fields 14 and 15 of `/proc/<pid>/stat`. Fields
+/// are counted after the command name's closing parenthesis, since the name may hold
+/// spaces; the state (field 3) is the first one after it.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_ticks_of(&stat)
+}
+
+fn cpu_ticks_of(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(14 - 3);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+/// Every worker's CPU ticks now (0 for one gone or unreadable), by worker index.
+fn worker_cpu_ticks(workers: &[Option<Worker>]) -> Vec<u64> {
+    workers
+        .iter()
+        .map(|w| w.as_ref().and_then(|w| cpu_ticks(w.0.id())).unwrap_or(0))
+        .collect()
+}
+
+/// The workers' CPU seconds since `from`: a killed worker's as read just before its kill.
+fn fold_worker_cpu_s(from: &[u64], workers: &[Option<Worker>], killed: &[(usize, u64)]) -> f64 {
+    let mut to = worker_cpu_ticks(workers);
+    for &(i, ticks) in killed {
+        to[i] = ticks;
+    }
+    let ticks: u64 = to.iter().zip(from).map(|(t, f)| t.saturating_sub(*f)).sum();
+    round4(ticks as f64 / clock_ticks_per_s() as f64)
+}
+
+/// `count` per offered request, six decimals (a fast path per ten thousand requests
+/// still shows); 0 without requests.
+fn per_request(count: u64, offered: u64) -> f64 {
+    if offered == 0 {
+        return 0.0;
+    }
+    (count as f64 / offered as f64 * 1e6).round() / 1e6
+}
+
+/// The report's added fields: the seed and plan, and each cost per offered request. They
+/// cover the whole run, cold start included, as the other totals do.
+fn add_plan_and_per_request(
+    out: &mut serde_json::Value,
+    d: &FleetDrill,
+    windows: &[WindowSpec; 2],
+    run: &RunBooks,
+    totals: &NodeTotals,
+) {
+    let n = run.offered;
+    let added = serde_json::json!({
+        "seed": d.seed,
+        "limit_1s": windows[0].limit,
+        "limit_60s": windows[1].limit,
+        "fast_path_per_request": per_request(totals.fast, n),
+        "denied_under_limit": run.denied_under_limit,
+        "denied_under_limit_pct": round4(run.denied_under_limit as f64 * 100.0 / n.max(1) as f64),
+        "deadline_misses_per_request": per_request(totals.fast_missed, n),
+        "bus_msgs_per_request": per_request(totals.msgs, n),
+        "bus_bytes_per_request": per_request(totals.bytes, n),
+        "grants_per_request": per_request(totals.grants, n),
+        "report_entries_per_request": per_request(totals.report_entries, n),
+        "fold_worker_cpu_s": totals.fold_worker_cpu_s,
+    });
+    if let (Some(out), serde_json::Value::Object(added)) = (out.as_object_mut(), added) {
+        out.extend(added);
     }
 }
 
@@ -456,7 +629,7 @@ fn report(
     let all = Accuracy::of(closed.iter());
     let one_s = Accuracy::of(closed.iter().filter(|c| c.window_kind == 1_000));
     serde_json::json!({
-        "scenario": "pinned",
+        "scenario": d.scenario.unwrap_or(Scenario::Pinned).name(),
         "mode": "leasing",
         "nodes": d.nodes,
         "workers": d.workers,
@@ -502,4 +675,114 @@ fn report(
         "degraded_nodes_max": seen.degraded_max,
         "owner_changes": leases.changes.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_request_divides_and_rounds() {
+        assert_eq!(per_request(0, 0), 0.0);
+        assert_eq!(per_request(5, 0), 0.0);
+        assert_eq!(per_request(1, 4), 0.25);
+        assert_eq!(per_request(3, 10_000), 0.0003);
+        assert_eq!(per_request(2, 3), 0.666667);
+        assert_eq!(per_request(1_500, 1_000), 1.5);
+    }
+
+    #[test]
+    fn cpu_ticks_read_fields_14_and_15() {
+        // Fields 14 (utime) = 7 and 15 (stime) = 5; the name holds a space and a ')'.
+        let stat = "42 (fold (w0) x) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 3 0";
+        assert_eq!(cpu_ticks_of(stat), Some(12));
+        assert_eq!(cpu_ticks_of("42 (short) S 1"), None);
+        assert!(
+            cpu_ticks(std::process::id()).is_some(),
+            "this process's own stat"
+        );
+        assert!(clock_ticks_per_s() > 0);
+    }
+
+    fn drill() -> FleetDrill {
+        FleetDrill {
+            nats: None,
+            nodes: 3,
+            workers: 1,
+            keys: 100,
+            rate: 5_000,
+            seconds: 1,
+            lease_ms: 500,
+            kill_owner_at: None,
+            restart_nodes: 0,
+            restart_at: None,
+            bus_down_at: None,
+            bus_down_s: 5.0,
+            scenario: Some(Scenario::Uniform),
+            seed: 1,
+            limit_1s: None,
+            limit_60s: None,
+        }
+    }
+
+    #[test]
+    fn limits_default_to_the_drill_plan_and_override_one_by_one() {
+        let d = drill();
+        let base = drill_plan_for(50_000);
+        assert_eq!(d.windows().unwrap(), base);
+        let w = FleetDrill {
+            limit_1s: Some(10),
+            ..drill()
+        }
+        .windows()
+        .unwrap();
+        assert_eq!((w[0].limit, w[1].limit), (10, base[1].limit));
+        let w = FleetDrill {
+            limit_1s: Some(10),
+            limit_60s: Some(200),
+            ..drill()
+        }
+        .windows()
+        .unwrap();
+        assert_eq!((w[0].limit, w[1].limit), (10, 200));
+    }
+
+    #[test]
+    fn added_fields_sit_beside_the_old_ones() {
+        let d = drill();
+        let windows = d.windows().unwrap();
+        let run = RunBooks {
+            offered: 1_000,
+            admitted: 900,
+            denied_under_limit: 25,
+            decision_ns: Vec::new(),
+            fast_path_ns: Vec::new(),
+            books: foldgate_sim::oracle::Books::new(Vec::new(), windows.to_vec()),
+            started_ms: 0,
+            ended_ms: 0,
+        };
+        let totals = NodeTotals {
+            fast: 10,
+            fast_missed: 1,
+            msgs: 2_000,
+            bytes: 64_000,
+            grants: 300,
+            report_entries: 400,
+            fold_worker_cpu_s: 0.5,
+            ..NodeTotals::default()
+        };
+        let mut out = serde_json::json!({ "offered": 1_000 });
+        add_plan_and_per_request(&mut out, &d, &windows, &run, &totals);
+        assert_eq!(out["offered"], 1_000);
+        assert_eq!(out["fast_path_per_request"], 0.01);
+        assert_eq!(out["denied_under_limit"], 25);
+        assert_eq!(out["denied_under_limit_pct"], 2.5);
+        assert_eq!(out["deadline_misses_per_request"], 0.001);
+        assert_eq!(out["bus_msgs_per_request"], 2.0);
+        assert_eq!(out["bus_bytes_per_request"], 64.0);
+        assert_eq!(out["grants_per_request"], 0.3);
+        assert_eq!(out["report_entries_per_request"], 0.4);
+        assert_eq!(out["fold_worker_cpu_s"], 0.5);
+        assert_eq!(out["limit_1s"], windows[0].limit);
+    }
 }

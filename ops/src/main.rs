@@ -120,7 +120,7 @@ struct HttpArgs {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// N node runtimes (in this process) and M `foldgate-fold` worker processes on a real
-    /// nats-server, pinned traffic in real time, accuracy against the exact oracle.
+    /// nats-server, the simulator's traffic shapes in real time, accuracy against the exact oracle.
     Fleet(FleetArgs),
     /// Open-loop HTTP load at a constant arrival rate; latency from the intended send time.
     Http(HttpArgs),
@@ -161,6 +161,21 @@ struct FleetArgs {
     /// ...for this many seconds.
     #[arg(long, default_value_t = 5.0)]
     bus_down_s: f64,
+    /// The simulator's traffic shape: which key each request is for and which node it
+    /// reaches, drawn as `foldgate sim` draws them: uniform, zipf, pinned, bursty, hot-key or
+    /// all-burst (the simulator's fault scenarios are this command's drills instead).
+    /// Without it: the drill's own pinned driver, each key paced on its home nodes.
+    #[arg(long, value_parser = foldgate_harness::scenario::traffic_scenario)]
+    scenario: Option<Scenario>,
+    /// The traffic's seed: the same seed sends the same arrival sequence.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The plan's 1 s limit (default: 80% of a key's mean offered rate).
+    #[arg(long = "limit-1s")]
+    limit_1s: Option<u64>,
+    /// The plan's 60 s limit (default: 30 s of a key's mean offered rate).
+    #[arg(long = "limit-60s")]
+    limit_60s: Option<u64>,
 }
 
 #[derive(clap::Args)]
@@ -329,6 +344,10 @@ impl From<FleetArgs> for FleetDrill {
             restart_at: a.restart_at,
             bus_down_at: a.bus_down_at,
             bus_down_s: a.bus_down_s,
+            scenario: a.scenario,
+            seed: a.seed,
+            limit_1s: a.limit_1s,
+            limit_60s: a.limit_60s,
         }
     }
 }

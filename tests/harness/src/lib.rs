@@ -4,6 +4,8 @@
 //! * [`fleet`]: a real nats-server started on a free loopback port, node runtimes on it,
 //!   and a real-time traffic driver booked against the simulator's oracle
 //!   (`foldgate bench fleet`, the NATS integration tests).
+//! * [`scenario`]: the simulator's traffic shapes (uniform, zipf, pinned, ...) driven
+//!   on that fleet in real time, the same arrival sequence for the same seed.
 //! * [`http_tools`]: a tiny upstream (`foldgate upstream`), the open-loop load generator
 //!   (`foldgate bench http`), and bench keys derived from a seed so no raw key is ever
 //!   written to a file.
@@ -11,6 +13,7 @@
 
 pub mod fleet;
 pub mod http_tools;
+pub mod scenario;
 
 /// A child process killed (SIGKILL) and reaped when dropped: a test that fails midway
 /// leaves no server or worker behind, and dropping one is a real kill -9.
