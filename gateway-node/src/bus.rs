@@ -488,11 +488,11 @@ impl NodeBus {
 
 impl crate::runtime::NodeRuntime for NodeBus {
     fn surface(&self) -> &Arc<DecisionSurface> {
-        &self.surface
+        NodeBus::surface(self)
     }
 
     fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
-        self.policy.subscribe()
+        NodeBus::policy(self)
     }
 
     fn fast_path_deadline_missed(&self) -> u64 {
@@ -521,7 +521,7 @@ impl crate::runtime::NodeRuntime for NodeBus {
     }
 
     fn with_limiter_dyn(&self, f: &mut dyn FnMut(&mut NodeLimiter)) {
-        f(&mut lock(&self.limiter))
+        self.with_limiter(f)
     }
 }
 

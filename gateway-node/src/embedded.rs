@@ -240,11 +240,11 @@ impl EmbeddedBus {
 
 impl crate::runtime::NodeRuntime for EmbeddedBus {
     fn surface(&self) -> &Arc<DecisionSurface> {
-        &self.surface
+        EmbeddedBus::surface(self)
     }
 
     fn policy(&self) -> watch::Receiver<Arc<PolicyIndex>> {
-        self.policy.subscribe()
+        EmbeddedBus::policy(self)
     }
 
     fn fast_path_deadline_missed(&self) -> u64 {

@@ -92,13 +92,13 @@ pub fn run(d: FleetDrill) -> Result<()> {
     if let Some(s) = d.scenario.filter(|s| !TRAFFIC_SCENARIOS.contains(s)) {
         bail!("--scenario {} is not a traffic shape", s.name());
     }
-    d.windows()?;
+    let windows = d.windows()?;
     let worker_bin = worker_binary()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(drill(d, worker_bin))
+    rt.block_on(drill(d, windows, worker_bin))
 }
 
 /// `foldgate-fold`, expected beside this binary.
@@ -116,7 +116,7 @@ fn worker_binary() -> Result<PathBuf> {
     Ok(worker_bin)
 }
 
-async fn drill(d: FleetDrill, worker_bin: PathBuf) -> Result<()> {
+async fn drill(d: FleetDrill, windows: [WindowSpec; 2], worker_bin: PathBuf) -> Result<()> {
     if d.bus_down_at.is_some() && d.nats.is_some() {
         bail!("--bus-down-at needs the server this command starts (no --nats)");
     }
@@ -136,7 +136,6 @@ async fn drill(d: FleetDrill, worker_bin: PathBuf) -> Result<()> {
     if d.kill_owner_at.is_some() && victim.is_none() {
         bail!("--kill-owner-at: no worker named in shard 0's lease");
     }
-    let windows = d.windows()?;
     let timeline = Timeline::of(&d, victim);
     let mut seen = Observed::new();
     let cpu_from = worker_cpu_ticks(&workers);

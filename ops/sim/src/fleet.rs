@@ -266,22 +266,11 @@ impl Sim {
             out.push(t);
         }
         for t in out {
-            match t {
-                Transmit::Report(r) => {
-                    let shard = r.shard.0;
-                    self.bus
-                        .send(t_ms * 1_000, Target::Owner(shard), Payload::Report(r));
-                }
-                Transmit::FastPath(f) => {
-                    // Only produced by `request`, which handles it itself.
-                    let shard = f.shard.0;
-                    self.bus.send(
-                        t_ms * 1_000,
-                        Target::Owner(shard),
-                        Payload::FastPathRequest(f),
-                    );
-                }
-            }
+            let (shard, payload) = match t {
+                Transmit::Report(r) => (r.shard.0, Payload::Report(r)),
+                Transmit::FastPath(f) => (f.shard.0, Payload::FastPathRequest(f)),
+            };
+            self.bus.send(t_ms * 1_000, Target::Owner(shard), payload);
         }
     }
 

