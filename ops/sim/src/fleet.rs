@@ -498,8 +498,6 @@ impl Sim {
     /// One request at node `i` (already rerouted if its node was down).
     fn request(&mut self, k: u32, i: usize, t_ms: u64) {
         self.counts.offered += 1;
-        let true_wall = WALL0_MS + t_ms;
-        self.books.offer(k, true_wall);
         let now = self.node_now(i, t_ms);
         let key = self.keys[k as usize];
         let admitted = if self.cfg.mode == SimMode::GlobalSync {
@@ -519,10 +517,11 @@ impl Sim {
         };
         if admitted {
             self.counts.admitted += 1;
-            self.books.admitted(k, now.wall_ms);
         } else {
             self.counts.denied += 1;
         }
+        // Booked in the windows this node named, as its limiter spent them (`oracle`).
+        self.books.book(k, now.wall_ms, admitted);
     }
 
     fn decide_leasing(&mut self, key: KeyId, i: usize, t_ms: u64, now: Now) -> bool {

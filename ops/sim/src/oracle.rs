@@ -1,6 +1,13 @@
 //! The exact oracle and the books the accuracy figures come from. The oracle is one
 //! central limiter with the same windows and phase offsets that sees every request in
 //! global (true) time order and admits it when every window has allowance left.
+//!
+//! Every figure of a request is booked in the windows the node that decided it named
+//! from its own (possibly skewed) clock: offered, admitted, and the oracle's count and
+//! verdict. That is the window whose allowance the limiter spent and enforces (D3: skew
+//! moves when a node crosses a boundary, never which window it names), so a row's
+//! admissions are a part of its offers, and the oracle holds each named window to its
+//! limit just as the fleet must. Without skew a node names the window of true time.
 
 use bus_schemas::{KeyId, WindowSpec};
 use node_core::window::{window_at, window_end_ms, window_start_ms};
@@ -37,26 +44,23 @@ impl ClosedKw {
 pub struct Books {
     keys: Vec<KeyId>,
     windows: Vec<WindowSpec>,
-    /// Oracle state per key and window kind: (window number, admitted in it).
-    oracle: Vec<[(u64, u64); 2]>,
-    /// Every request is booked here twice (offered, admitted), per key and window kind
-    /// in the order its windows were first booked: a request almost always books the
-    /// last or the one before, where a map of every key-window of the run (600,000 at
-    /// the speed shape) cost a cache miss per booking and kept growing. `closed` sorts
-    /// what it returns, so order never shows.
+    /// Every request is booked here, per key and window kind in the order its windows
+    /// were first booked: a request almost always books the last or the one before,
+    /// where a map of every key-window of the run (600,000 at the speed shape) cost a
+    /// cache miss per booking and kept growing. `closed` sorts what it returns, so order
+    /// never shows. The oracle's count of a window is its `oracle_admitted`.
     books: Vec<[Vec<(u64, KwBooks)>; 2]>,
 }
 
-/// The books of window number `n` in one key's list for one window kind.
-fn booked(list: &mut Vec<(u64, KwBooks)>, n: u64) -> &mut KwBooks {
-    let at = match list.iter().rposition(|(m, _)| *m == n) {
+/// Where window number `n` is in one key's list for one window kind, added if new.
+fn booked(list: &mut Vec<(u64, KwBooks)>, n: u64) -> usize {
+    match list.iter().rposition(|(m, _)| *m == n) {
         Some(at) => at,
         None => {
             list.push((n, KwBooks::default()));
             list.len() - 1
         }
-    };
-    &mut list[at].1
+    }
 }
 
 impl Books {
@@ -66,32 +70,56 @@ impl Books {
             "the simulator books at most two window kinds"
         );
         Self {
-            oracle: vec![[(u64::MAX, 0); 2]; keys.len()],
             books: vec![[Vec::new(), Vec::new()]; keys.len()],
             keys,
             windows,
         }
     }
 
-    /// A request offered at true time `wall_ms`; returns the oracle's verdict.
-    pub fn offer(&mut self, k: u32, wall_ms: u64) -> bool {
+    /// Key `k`'s entries for the windows named at `node_wall_ms`, one per window kind.
+    fn entries(&mut self, k: u32, node_wall_ms: u64) -> [usize; 2] {
         let key = self.keys[k as usize];
-        let mut admit = true;
-        let mut numbers = [0u64; 2];
+        let mut at = [0; 2];
         for (i, w) in self.windows.iter().enumerate() {
-            let n = window_at(key, w.length_ms, wall_ms).number;
-            numbers[i] = n;
-            let slot = &mut self.oracle[k as usize][i];
-            if slot.0 != n {
-                *slot = (n, 0);
-            }
-            admit &= slot.1 < w.limit;
+            let n = window_at(key, w.length_ms, node_wall_ms).number;
+            at[i] = booked(&mut self.books[k as usize][i], n);
         }
-        for (i, n) in numbers.iter().enumerate().take(self.windows.len()) {
-            if admit {
-                self.oracle[k as usize][i].1 += 1;
-            }
-            let b = booked(&mut self.books[k as usize][i], *n);
+        at
+    }
+
+    /// One request of key `k`, in the windows its node named at `node_wall_ms`, which
+    /// the fleet admitted or not; returns the oracle's verdict. Requests come in true
+    /// time order.
+    pub fn book(&mut self, k: u32, node_wall_ms: u64, fleet_admitted: bool) -> bool {
+        let at = self.entries(k, node_wall_ms);
+        let kinds = self.windows.len();
+        let lists = &mut self.books[k as usize];
+        let admit = self
+            .windows
+            .iter()
+            .enumerate()
+            .all(|(i, w)| lists[i][at[i]].1.oracle_admitted < w.limit);
+        for (list, &at) in lists.iter_mut().zip(&at).take(kinds) {
+            let b = &mut list[at].1;
+            b.offered += 1;
+            b.oracle_admitted += u64::from(admit);
+            b.admitted += u64::from(fleet_admitted);
+        }
+        admit
+    }
+
+    /// A request offered at `wall_ms`, booked before the limiter decides; returns the
+    /// oracle's verdict. `admitted` books the limiter's admit, at the same time.
+    pub fn offer(&mut self, k: u32, wall_ms: u64) -> bool {
+        let at = self.entries(k, wall_ms);
+        let lists = &mut self.books[k as usize];
+        let admit = self
+            .windows
+            .iter()
+            .enumerate()
+            .all(|(i, w)| lists[i][at[i]].1.oracle_admitted < w.limit);
+        for (list, &at) in lists.iter_mut().zip(&at).take(self.windows.len()) {
+            let b = &mut list[at].1;
             b.offered += 1;
             b.oracle_admitted += u64::from(admit);
         }
@@ -99,12 +127,15 @@ impl Books {
     }
 
     /// A request the limiter admitted, booked in the windows the admitting node named
-    /// from its own (possibly skewed) clock: that is the window whose allowance it spent.
-    pub fn admitted(&mut self, k: u32, node_wall_ms: u64) {
-        let key = self.keys[k as usize];
-        for (i, w) in self.windows.iter().enumerate() {
-            let n = window_at(key, w.length_ms, node_wall_ms).number;
-            booked(&mut self.books[k as usize][i], n).admitted += 1;
+    /// from its own clock: that is the window whose allowance it spent.
+    pub fn admitted(&mut self, k: u32, wall_ms: u64) {
+        let at = self.entries(k, wall_ms);
+        for (list, &at) in self.books[k as usize]
+            .iter_mut()
+            .zip(&at)
+            .take(self.windows.len())
+        {
+            list[at].1.admitted += 1;
         }
     }
 
@@ -146,11 +177,13 @@ impl Books {
     }
 }
 
-/// What the run tells the books, in the run's order.
+/// One request as the run tells the books: its key, the node's wall clock when it
+/// decided, and whether the fleet admitted it (see `Books::book`).
 #[derive(Clone, Copy, Debug)]
-enum Booking {
-    Offered { k: u32, wall_ms: u64 },
-    Admitted { k: u32, node_wall_ms: u64 },
+struct Booking {
+    k: u32,
+    node_wall_ms: u64,
+    admitted: bool,
 }
 
 /// Bookings per batch handed to the books' thread, and batches queued at most (the run
@@ -170,17 +203,10 @@ impl BooksThread {
             "sim-books",
             BOOKING_BATCH,
             BOOKING_BATCHES_QUEUED,
-            move |batches| {
+            move |batches: super::offload::Batches<Booking>| {
                 for batch in batches {
                     for b in batch.iter() {
-                        match *b {
-                            Booking::Offered { k, wall_ms } => {
-                                books.offer(k, wall_ms);
-                            }
-                            Booking::Admitted { k, node_wall_ms } => {
-                                books.admitted(k, node_wall_ms);
-                            }
-                        }
+                        books.book(b.k, b.node_wall_ms, b.admitted);
                     }
                 }
                 books
@@ -188,14 +214,13 @@ impl BooksThread {
         ))
     }
 
-    /// A request offered at true time `wall_ms` (see `Books::offer`).
-    pub fn offer(&mut self, k: u32, wall_ms: u64) {
-        self.0.push(Booking::Offered { k, wall_ms });
-    }
-
-    /// A request the limiter admitted (see `Books::admitted`).
-    pub fn admitted(&mut self, k: u32, node_wall_ms: u64) {
-        self.0.push(Booking::Admitted { k, node_wall_ms });
+    /// One request, once its node decided it (see `Books::book`).
+    pub fn book(&mut self, k: u32, node_wall_ms: u64, admitted: bool) {
+        self.0.push(Booking {
+            k,
+            node_wall_ms,
+            admitted,
+        });
     }
 
     /// Every booking taken in: the books, as `Books::closed` reads them.
@@ -247,5 +272,54 @@ impl Accuracy {
             }),
             under_admission_pct_p99: round4(p99(under)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A boundary seen by two nodes 20 ms apart: each request is booked, offered and
+    /// admitted alike, in the window its node named, and the oracle holds that window to
+    /// its limit.
+    #[test]
+    fn a_request_is_booked_whole_in_the_window_its_node_named() {
+        let key = KeyId {
+            version: 1,
+            digest: 0x1234_5678_9abc_def1,
+        };
+        let plan = vec![
+            WindowSpec {
+                length_ms: 1_000,
+                limit: 4,
+            },
+            WindowSpec {
+                length_ms: 60_000,
+                limit: 100,
+            },
+        ];
+        let mut books = Books::new(vec![key], plan);
+        let first = window_at(key, 1_000, 1_764_720_000_000);
+        let boundary = window_end_ms(key, first);
+        // A node 20 ms ahead names the next window before true time reaches it.
+        assert!(books.book(0, boundary + 10, false));
+        assert!(books.book(0, boundary - 10, true));
+        for _ in 0..4 {
+            books.book(0, boundary + 15, true);
+        }
+        let rows = books.closed(0, u64::MAX);
+        let one_s: Vec<_> = rows.iter().filter(|c| c.window_kind == 1_000).collect();
+        assert_eq!(one_s.len(), 2);
+        let (before, after) = (one_s[0], one_s[1]);
+        assert_eq!(
+            (before.offered, before.admitted, before.oracle_admitted),
+            (1, 1, 1)
+        );
+        // The oracle admitted the first four of the next window's five, the fleet the last four.
+        assert_eq!(
+            (after.offered, after.admitted, after.oracle_admitted),
+            (5, 4, 4)
+        );
+        assert!(rows.iter().all(|c| c.admitted <= c.offered));
     }
 }
