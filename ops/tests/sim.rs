@@ -54,6 +54,35 @@ fn no_key_window_admits_more_than_it_was_offered() {
     }
 }
 
+/// The report's figures in requests come from the same closed key-windows of the 1 s
+/// window as the rows: the fleet's shortfall against the oracle, and its denials while
+/// the oracle had used under half of every window (a part of all its denials).
+#[test]
+fn under_admission_in_requests_is_booked_from_the_same_rows() {
+    for scenario in [Scenario::Uniform, Scenario::Partition, Scenario::Skew] {
+        let cfg = small(scenario, SimMode::Leasing, 3);
+        let o = sim::run(&cfg).expect("valid config");
+        let one_s: Vec<_> = o.closed.iter().filter(|c| c.window_kind == 1_000).collect();
+        let under: u64 = one_s
+            .iter()
+            .map(|c| c.oracle_admitted.saturating_sub(c.admitted))
+            .sum();
+        let oracle: u64 = one_s.iter().map(|c| c.oracle_admitted).sum();
+        let half: u64 = one_s.iter().map(|c| c.denied_under_half).sum();
+        let offered: u64 = one_s.iter().map(|c| c.offered).sum();
+        let r = SimReport::build(&cfg, 1, std::slice::from_ref(&o), 0);
+        assert_eq!(r.under_admitted_requests, under, "{scenario:?}");
+        assert_eq!(r.denied_under_half_limit, half, "{scenario:?}");
+        assert!(under <= oracle && half <= offered - one_s.iter().map(|c| c.admitted).sum::<u64>());
+        let pct = (under as f64 * 100.0 / oracle as f64 * 10_000.0).round() / 10_000.0;
+        assert_eq!(r.under_admitted_pct_of_oracle, pct, "{scenario:?}");
+        if scenario == Scenario::Partition {
+            // The cut starves nodes of credit from the first second on.
+            assert!(r.under_admitted_requests > 0 && r.denied_under_half_limit > 0);
+        }
+    }
+}
+
 #[test]
 fn two_hundred_seeds_across_every_scenario_keep_the_invariants() {
     const SEEDS_PER_SCENARIO: u64 = 17; // 12 scenarios x 17 = 204 leasing runs
@@ -256,6 +285,10 @@ fn the_cli_prints_the_interface_fields_and_the_csv() {
         "fast_path_share_pct",
         "invariant_violations",
         "wall_ms",
+        "under_admitted_requests",
+        "under_admitted_pct_of_oracle",
+        "denied_under_half_limit",
+        "denied_under_half_limit_pct",
     ] {
         assert!(v.get(field).is_some(), "missing {field}");
     }

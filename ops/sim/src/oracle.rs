@@ -17,6 +17,9 @@ struct KwBooks {
     offered: u64,
     admitted: u64,
     oracle_admitted: u64,
+    /// Requests the fleet denied while the oracle had used under half the limit of every
+    /// window of the plan (booked by `Books::book` only).
+    denied_under_half: u64,
 }
 
 /// One closed key-window, as the CSV prints it.
@@ -29,6 +32,9 @@ pub struct ClosedKw {
     pub offered: u64,
     pub admitted: u64,
     pub oracle_admitted: u64,
+    /// Requests of this key-window the fleet denied while every window of the plan had,
+    /// per the oracle, used under half its limit (not in the CSV).
+    pub denied_under_half: u64,
 }
 
 impl ClosedKw {
@@ -37,7 +43,12 @@ impl ClosedKw {
     }
 
     pub fn under_pct(&self) -> f64 {
-        self.oracle_admitted.saturating_sub(self.admitted) as f64 * 100.0 / self.allowance as f64
+        self.under_requests() as f64 * 100.0 / self.allowance as f64
+    }
+
+    /// Requests the oracle admitted here beyond what the fleet admitted.
+    pub fn under_requests(&self) -> u64 {
+        self.oracle_admitted.saturating_sub(self.admitted)
     }
 }
 
@@ -94,16 +105,18 @@ impl Books {
         let at = self.entries(k, node_wall_ms);
         let kinds = self.windows.len();
         let lists = &mut self.books[k as usize];
-        let admit = self
-            .windows
-            .iter()
-            .enumerate()
-            .all(|(i, w)| lists[i][at[i]].1.oracle_admitted < w.limit);
+        let (mut admit, mut under_half) = (true, true);
+        for (i, w) in self.windows.iter().enumerate() {
+            let used = lists[i][at[i]].1.oracle_admitted;
+            admit &= used < w.limit;
+            under_half &= used * 2 < w.limit;
+        }
         for (list, &at) in lists.iter_mut().zip(&at).take(kinds) {
             let b = &mut list[at].1;
             b.offered += 1;
             b.oracle_admitted += u64::from(admit);
             b.admitted += u64::from(fleet_admitted);
+            b.denied_under_half += u64::from(!fleet_admitted && under_half);
         }
         admit
     }
@@ -169,6 +182,7 @@ impl Books {
                     offered: b.offered,
                     admitted: b.admitted,
                     oracle_admitted: b.oracle_admitted,
+                    denied_under_half: b.denied_under_half,
                 })
             })
             .collect();
@@ -237,6 +251,14 @@ pub struct Accuracy {
     pub over_admission_pct_p99: f64,
     pub under_admission_pct_p99: f64,
     pub under_admission_pct_mean: f64,
+    /// Under-admission as requests: per key-window, what the oracle admitted beyond what
+    /// the fleet admitted, summed; and that as a percent of the oracle's admissions there.
+    pub under_admitted_requests: u64,
+    pub under_admitted_pct_of_oracle: f64,
+    /// Requests the fleet denied while the oracle had used under half the limit of every
+    /// window of the plan; and that as a percent of the requests offered there.
+    pub denied_under_half_limit: u64,
+    pub denied_under_half_limit_pct: f64,
 }
 
 fn p99(mut v: Vec<f64>) -> f64 {
@@ -253,12 +275,23 @@ pub fn round4(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }
 
+/// `part` as a percent of `whole`, to four decimals (0 of nothing is 0).
+fn pct(part: u64, whole: u64) -> f64 {
+    round4(part as f64 * 100.0 / whole.max(1) as f64)
+}
+
 impl Accuracy {
     pub fn of<'a>(closed: impl Iterator<Item = &'a ClosedKw>) -> Self {
         let (mut over, mut under) = (Vec::new(), Vec::new());
+        let (mut under_requests, mut oracle_admitted) = (0, 0);
+        let (mut denied_under_half, mut offered) = (0, 0);
         for c in closed {
             over.push(c.over_pct());
             under.push(c.under_pct());
+            under_requests += c.under_requests();
+            oracle_admitted += c.oracle_admitted;
+            denied_under_half += c.denied_under_half;
+            offered += c.offered;
         }
         let n = over.len();
         Self {
@@ -271,6 +304,10 @@ impl Accuracy {
                 under.iter().sum::<f64>() / n as f64
             }),
             under_admission_pct_p99: round4(p99(under)),
+            under_admitted_requests: under_requests,
+            under_admitted_pct_of_oracle: pct(under_requests, oracle_admitted),
+            denied_under_half_limit: denied_under_half,
+            denied_under_half_limit_pct: pct(denied_under_half, offered),
         }
     }
 }
@@ -281,7 +318,7 @@ mod tests {
 
     /// A boundary seen by two nodes 20 ms apart: each request is booked, offered and
     /// admitted alike, in the window its node named, and the oracle holds that window to
-    /// its limit.
+    /// its limit; a denial while every window was under half used is counted as such.
     #[test]
     fn a_request_is_booked_whole_in_the_window_its_node_named() {
         let key = KeyId {
@@ -320,6 +357,7 @@ mod tests {
             (after.offered, after.admitted, after.oracle_admitted),
             (5, 4, 4)
         );
+        assert_eq!((after.under_requests(), after.denied_under_half), (0, 1));
         assert!(rows.iter().all(|c| c.admitted <= c.offered));
     }
 }

@@ -131,6 +131,15 @@ pub struct SimReport {
     pub over_admission_pct_p99: f64,
     pub under_admission_pct_p99: f64,
     pub under_admission_pct_mean: f64,
+    /// Under-admission as requests, and requests denied while every window of the plan
+    /// was, per the oracle, under half used (`Accuracy`): over the closed key-windows of
+    /// the plan's shortest window, which hold each request once (`by_window` has them per
+    /// window kind). A request the oracle admitted and the fleet denied, with another the
+    /// fleet admitted in its place in the same window, is no under-admission.
+    pub under_admitted_requests: u64,
+    pub under_admitted_pct_of_oracle: f64,
+    pub denied_under_half_limit: u64,
+    pub denied_under_half_limit_pct: f64,
     pub fast_path_share_pct: f64,
     pub invariant_violations: u64,
     pub wall_ms: u64,
@@ -156,20 +165,20 @@ impl SimReport {
         }
         let all = Accuracy::of(outcomes.iter().flat_map(|o| o.closed.iter()));
         let plan = cfg.plan();
+        let of_kind = |length_ms: u32| {
+            Accuracy::of(
+                outcomes
+                    .iter()
+                    .flat_map(|o| o.closed.iter())
+                    .filter(|c| c.window_kind == length_ms),
+            )
+        };
         let by_window = plan
             .iter()
-            .map(|w| {
-                (
-                    w.length_ms.to_string(),
-                    Accuracy::of(
-                        outcomes
-                            .iter()
-                            .flat_map(|o| o.closed.iter())
-                            .filter(|c| c.window_kind == w.length_ms),
-                    ),
-                )
-            })
+            .map(|w| (w.length_ms.to_string(), of_kind(w.length_ms)))
             .collect();
+        let shortest = plan.iter().map(|w| w.length_ms).min().unwrap_or_default();
+        let requests = of_kind(shortest);
         Self {
             scenario: cfg.scenario,
             mode: cfg.mode,
@@ -185,6 +194,10 @@ impl SimReport {
             over_admission_pct_p99: all.over_admission_pct_p99,
             under_admission_pct_p99: all.under_admission_pct_p99,
             under_admission_pct_mean: all.under_admission_pct_mean,
+            under_admitted_requests: requests.under_admitted_requests,
+            under_admitted_pct_of_oracle: requests.under_admitted_pct_of_oracle,
+            denied_under_half_limit: requests.denied_under_half_limit,
+            denied_under_half_limit_pct: requests.denied_under_half_limit_pct,
             fast_path_share_pct: round4(
                 counts.fast_path as f64 * 100.0 / counts.offered.max(1) as f64,
             ),
