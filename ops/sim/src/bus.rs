@@ -175,13 +175,20 @@ impl Bus {
         } else {
             1
         };
-        for _ in 0..copies {
+        // The last copy takes the payload itself: a report batch is a vector of lines.
+        let mut payload = Some(payload);
+        for copy in 1..=copies {
             let mut at_us = now_us + self.latency_us();
             if self.rng.chance_pct(self.params.reorder_pct) {
                 self.stats.reordered += 1;
                 at_us += self.rng.below(self.params.reorder_max_us.max(1));
             }
-            self.schedule(at_us, target, payload.clone());
+            let this = if copy == copies {
+                payload.take()
+            } else {
+                payload.clone()
+            };
+            self.schedule(at_us, target, this.expect("one payload per copy"));
         }
     }
 

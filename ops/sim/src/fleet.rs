@@ -257,15 +257,12 @@ impl Sim {
         }
     }
 
+    /// Sends what node `i` has to send as it gives it out, without collecting it first.
     fn send_transmits(&mut self, i: usize, t_ms: u64) {
         let Some(limiter) = self.nodes[i].limiter.as_mut() else {
             return;
         };
-        let mut out = Vec::new();
         while let Some(t) = limiter.poll_transmit() {
-            out.push(t);
-        }
-        for t in out {
             let (shard, payload) = match t {
                 Transmit::Report(r) => (r.shard.0, Payload::Report(r)),
                 Transmit::FastPath(f) => (f.shard.0, Payload::FastPathRequest(f)),
@@ -278,11 +275,11 @@ impl Sim {
         let Some(owner) = self.owners[s].owner.as_mut() else {
             return;
         };
-        let mut out = Vec::new();
         while let Some(g) = owner.poll_grant() {
-            out.push(g);
+            let node = g.node.0;
+            self.bus
+                .send(t_ms * 1_000, Target::Node(node), Payload::Grant(g));
         }
-        self.send_grant_batches(t_ms, out);
     }
 
     fn send_grant_batches(&mut self, t_ms: u64, out: Vec<bus_schemas::GrantBatch>) {
