@@ -21,7 +21,7 @@ use foldgate_harness::fleet::{
     Clock, NatsServer, RecoveryProbe, RunBooks, connect, drill_plan_for, drive_pinned, start_nodes,
     system_clock,
 };
-use foldgate_harness::scenario::{ScenarioPlan, TRAFFIC_SCENARIOS, drive_scenario};
+use foldgate_harness::scenario::{ScenarioPlan, TRAFFIC_SCENARIOS, drive_scenario, key_ids};
 use foldgate_sim::Scenario;
 use foldgate_sim::oracle::{Accuracy, round4};
 use gateway_node::bus::NodeBus;
@@ -129,7 +129,7 @@ async fn drill(d: FleetDrill, windows: [WindowSpec; 2], worker_bin: PathBuf) -> 
     let store = wait_for_leases(&url, d.nodes).await?;
     let clock = system_clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let nodes = start_nodes(&url, d.nodes, &clock, &stop).await;
+    let nodes = Arc::new(start_nodes(&url, d.nodes, &clock, &stop).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let leases = LeaseWatch::start(store.clone(), d.nodes);
     let victim = shard0_holder(&store).await;
@@ -137,9 +137,15 @@ async fn drill(d: FleetDrill, windows: [WindowSpec; 2], worker_bin: PathBuf) -> 
         bail!("--kill-owner-at: no worker named in shard 0's lease");
     }
     let timeline = Timeline::of(&d, victim);
-    let mut seen = Observed::new();
+    let mut seen = Observed::default();
     let cpu_from = worker_cpu_ticks(&workers);
     let started = Instant::now();
+    let steady = SteadyProbes::start(
+        Arc::clone(&nodes),
+        Arc::clone(&clock),
+        SteadySample::of(d.keys, &windows),
+        started,
+    );
     let at = |t| {
         let mut fleet = Fleet {
             nodes: &nodes,
@@ -148,6 +154,9 @@ async fn drill(d: FleetDrill, windows: [WindowSpec; 2], worker_bin: PathBuf) -> 
             server: server.as_mut(),
         };
         seen.at(&timeline, t, &mut fleet);
+        if seen.faulted(&timeline, t) {
+            steady.stop();
+        }
     };
     let mut run = match d.scenario {
         Some(_) => drive_scenario(&nodes, &windows, &d.scenario_plan(), &clock, at).await,
@@ -167,6 +176,7 @@ async fn drill(d: FleetDrill, windows: [WindowSpec; 2], worker_bin: PathBuf) -> 
         }
     };
     let elapsed = started.elapsed().as_secs_f64();
+    seen.steady = steady.finish();
     let _ = stop_tx.send(true);
     leases.task.abort();
     let mut totals = NodeTotals::of(&nodes);
@@ -337,11 +347,55 @@ enum BusState {
     Back,
 }
 
+/// Fleets of up to this many keys are probed whole in steady state, as the recovery probe
+/// always is: every node's every key-window.
+const STEADY_PROBE_ALL_KEYS_UP_TO: usize = 2_000;
+
+/// Past that, each steady-state sample checks reconciliation on this many keys, the next
+/// slice of the key list each time (fold ages and owner epochs are checked in full).
+/// Walking every key-window of 20 nodes (10^6 at 10^5 keys) under their limiter locks
+/// every 50 ms took most of the driver's thread, so the bench measured its own probe.
+const STEADY_PROBE_KEYS: usize = 64;
+
+/// The keys a steady-state sample checks: all (`None`), or the next slice of `ids`.
+#[derive(Default)]
+struct SteadySample {
+    keys: Option<Vec<bus_schemas::KeyId>>,
+    lengths: Vec<u32>,
+    next: usize,
+}
+
+impl SteadySample {
+    fn of(keys: usize, windows: &[WindowSpec]) -> Self {
+        Self {
+            keys: (keys > STEADY_PROBE_ALL_KEYS_UP_TO).then(|| key_ids(keys)),
+            lengths: windows.iter().map(|w| w.length_ms).collect(),
+            next: 0,
+        }
+    }
+
+    /// The probe now: whole, or over the next `STEADY_PROBE_KEYS` keys.
+    fn take(&mut self, nodes: &[NodeBus], now: bus_schemas::Now) -> RecoveryProbe {
+        let Some(ids) = &self.keys else {
+            return RecoveryProbe::take(nodes, now);
+        };
+        let from = self.next;
+        let to = (from + STEADY_PROBE_KEYS).min(ids.len());
+        self.next = if to == ids.len() { 0 } else { to };
+        RecoveryProbe::take_keys(nodes, now, &ids[from..to], &self.lengths)
+    }
+
+    /// Keys per sample, for the report: `None` when every key is.
+    fn keys_per_sample(&self) -> Option<usize> {
+        self.keys.as_ref().map(|_| STEADY_PROBE_KEYS)
+    }
+}
+
 /// What the drill did and saw, as traffic runs.
 ///
 /// F7's breakdown: when, after the bus came back (or the last node restarted), each of the
 /// probe's conditions first held; and how often the whole probe held before any fault
-/// (steady state), sampled every 50 ms after the first second.
+/// (steady state), sampled every 50 ms after the first second (`SteadyProbes`).
 #[derive(Default)]
 struct Observed {
     restarted: u32,
@@ -353,10 +407,7 @@ struct Observed {
     first_fresh_ms: Option<u64>,
     first_fresh_25ms: Option<u64>,
     first_reconciled_ms: Option<u64>,
-    steady_samples: u64,
-    steady_passes: u64,
-    steady_passes_25ms: u64,
-    next_steady_sample: Duration,
+    steady: SteadyCounts,
     /// The killed worker's CPU ticks just before the kill, as (worker index, ticks): its
     /// `/proc` entry is gone by the end of the run.
     killed_cpu_ticks: Vec<(usize, u64)>,
@@ -366,13 +417,6 @@ struct Observed {
 }
 
 impl Observed {
-    fn new() -> Self {
-        Self {
-            next_steady_sample: Duration::from_secs(1),
-            ..Self::default()
-        }
-    }
-
     /// Called every millisecond of traffic with the time since it began.
     fn at(&mut self, timeline: &Timeline, t: Duration, fleet: &mut Fleet<'_>) {
         self.restart_due(timeline, t, fleet.nodes);
@@ -389,12 +433,6 @@ impl Observed {
         }
         if let (Some(back), None) = (self.back_at, self.recovery_probe_ms) {
             self.probe_recovery(back, fleet);
-        } else if self.back_at.is_none()
-            && self.bus == BusState::Up
-            && timeline.kill_at.is_none_or(|k| t < k)
-            && t >= self.next_steady_sample
-        {
-            self.sample_steady(t, fleet);
         }
         let degraded = fleet
             .nodes
@@ -402,6 +440,13 @@ impl Observed {
             .filter(|n| n.surface().degraded())
             .count();
         self.degraded_max = self.degraded_max.max(degraded);
+    }
+
+    /// A fault has begun (a restart, the bus down, the owner killed): steady state is over.
+    fn faulted(&self, timeline: &Timeline, t: Duration) -> bool {
+        self.back_at.is_some()
+            || self.bus != BusState::Up
+            || timeline.kill_at.is_some_and(|k| t >= k)
     }
 
     fn restart_due(&mut self, timeline: &Timeline, t: Duration, nodes: &[NodeBus]) {
@@ -455,19 +500,84 @@ impl Observed {
             self.recovery_probe_ms = Some(since_ms);
         }
     }
+}
 
-    fn sample_steady(&mut self, t: Duration, fleet: &Fleet<'_>) {
-        self.next_steady_sample = t + Duration::from_millis(50);
-        self.steady_samples += 1;
-        let p = RecoveryProbe::take(fleet.nodes, (fleet.clock)());
-        self.steady_passes += u64::from(p.recovered(25));
-        self.steady_passes_25ms += u64::from(p.recovered(25) && p.max_fold_age_ms < 25);
+/// The steady-state probe's tally.
+#[derive(Clone, Copy, Debug, Default)]
+struct SteadyCounts {
+    samples: u64,
+    passes: u64,
+    passes_25ms: u64,
+    /// Keys per sample (`SteadySample::keys_per_sample`).
+    keys_per_sample: Option<usize>,
+}
+
+impl SteadyCounts {
+    /// The share of samples that passed, percent; none without samples.
+    fn pct(&self, passes: u64) -> Option<f64> {
+        (self.samples > 0).then(|| round4(passes as f64 * 100.0 / self.samples as f64))
+    }
+}
+
+/// F7's steady-state samples, taken on a thread of their own every 50 ms from the first
+/// second of traffic until a fault begins or the run ends. The probe takes each node's
+/// limiter lock, which a round's tick holds for its whole pass: on the driver's thread it
+/// stalled every request in flight until it was done.
+struct SteadyProbes {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<SteadyCounts>>,
+}
+
+impl SteadyProbes {
+    fn start(
+        nodes: Arc<Vec<NodeBus>>,
+        clock: Clock,
+        mut sample: SteadySample,
+        started: Instant,
+    ) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("steady-probe".into())
+            .spawn(move || {
+                let mut counts = SteadyCounts {
+                    keys_per_sample: sample.keys_per_sample(),
+                    ..SteadyCounts::default()
+                };
+                let mut next = started + Duration::from_secs(1);
+                loop {
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    if stopped.load(Ordering::Relaxed) {
+                        return counts;
+                    }
+                    let p = sample.take(&nodes, clock());
+                    // A fault that began during the sample voids it.
+                    if stopped.load(Ordering::Relaxed) {
+                        return counts;
+                    }
+                    counts.samples += 1;
+                    counts.passes += u64::from(p.recovered(25));
+                    counts.passes_25ms += u64::from(p.recovered(25) && p.max_fold_age_ms < 25);
+                    next = (next + Duration::from_millis(50)).max(Instant::now());
+                }
+            })
+            .expect("spawn the steady-state probe");
+        Self {
+            stop,
+            thread: Some(thread),
+        }
     }
 
-    /// The share of steady-state samples that passed, percent; none without samples.
-    fn steady_pct(&self, passes: u64) -> Option<f64> {
-        (self.steady_samples > 0)
-            .then(|| round4(passes as f64 * 100.0 / self.steady_samples as f64))
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    fn finish(mut self) -> SteadyCounts {
+        self.stop();
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
     }
 }
 
@@ -636,6 +746,12 @@ fn report(
         "sim_seconds": d.seconds,
         "rate": d.rate,
         "offered_rate_per_s": round4(run.offered as f64 / elapsed),
+        // Requests sent per second of traffic (`--seconds`), and that as a share of
+        // `--rate`: below 100% the driver, not the limiter, set the load.
+        "offered_rate_achieved": round4(run.offered as f64 / d.seconds as f64),
+        "offered_rate_achieved_pct": round4(
+            run.offered as f64 * 100.0 / (d.rate * d.seconds).max(1) as f64
+        ),
         "offered": run.offered,
         "admitted": run.admitted,
         "fail_open_admitted": totals.fail_open,
@@ -657,8 +773,10 @@ fn report(
         // Lease moves seen after the bus came back (or the drill's event), ms: first and
         // last (the watcher polls every 25 ms).
         "owner_changes_after_ms": seen.back_at.map(|back| leases.moves_after(back)),
-        "probe_steady_pass_pct": seen.steady_pct(seen.steady_passes),
-        "probe_steady_pass_pct_contact_under_25_ms": seen.steady_pct(seen.steady_passes_25ms),
+        "probe_steady_pass_pct": seen.steady.pct(seen.steady.passes),
+        "probe_steady_pass_pct_contact_under_25_ms": seen.steady.pct(seen.steady.passes_25ms),
+        // Keys whose key-windows each steady-state sample reconciled; null: all of them.
+        "probe_steady_keys_per_sample": seen.steady.keys_per_sample,
         "restarted_nodes": seen.restarted,
         "wall_ms": (elapsed * 1_000.0) as u64,
         "decision_latency_us_p50": percentile_us(&mut run.decision_ns, 0.50),

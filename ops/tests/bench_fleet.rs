@@ -34,6 +34,13 @@ fn a_tiny_uniform_run_reports_its_costs_per_request() {
         (Some(10), Some(200))
     );
     assert!(r["offered"].as_u64().unwrap() > 1_000, "{r}");
+    // Requests sent per second of traffic, beside the share of --rate that is.
+    let achieved = r["offered_rate_achieved"].as_f64().unwrap_or(0.0);
+    assert!((300.0..=2_100.0).contains(&achieved), "{r}");
+    assert!(
+        r["offered_rate_achieved_pct"].as_f64().unwrap_or(0.0) > 15.0,
+        "{r}"
+    );
     // Windows that closed after the first second are booked; none over its limit.
     assert!(r["closed_key_windows"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["over_admission_pct_max"].as_f64(), Some(0.0), "{r}");

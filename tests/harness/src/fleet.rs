@@ -257,7 +257,49 @@ pub struct RecoveryProbe {
 }
 
 impl RecoveryProbe {
+    /// The whole fleet's books: every key-window of every node.
     pub fn take(nodes: &[NodeBus], now: Now) -> Self {
+        Self::take_with(nodes, now, |l, totals| {
+            for kw in l.key_windows() {
+                if let Some(line) = l.line_for(&kw) {
+                    add_line(totals, kw, &line);
+                }
+            }
+        })
+    }
+
+    /// As `take`, with the reconciliation check on `keys`' key-windows only: for each
+    /// window length in `lengths`, the window open at `now` and the ones either side of it
+    /// (a record lingers into the next window until it is closed, and the next window can
+    /// be pre-granted). Its cost is `keys` lookups per node, not the node's every
+    /// key-window, so a steady-state sample at 10^5 keys stays cheap; fold ages and owner
+    /// epochs are checked in full, as in `take`.
+    pub fn take_keys(nodes: &[NodeBus], now: Now, keys: &[KeyId], lengths: &[u32]) -> Self {
+        Self::take_with(nodes, now, |l, totals| {
+            for &key in keys {
+                for &length_ms in lengths {
+                    let open = gateway_node::window::window_at(key, length_ms, now.wall_ms);
+                    for number in open.number.saturating_sub(1)..=open.number + 1 {
+                        let kw = bus_schemas::KeyWindow {
+                            key,
+                            window: bus_schemas::WindowId { length_ms, number },
+                        };
+                        if let Some(line) = l.line_for(&kw) {
+                            add_line(totals, kw, &line);
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Each node's links, then `lines` adds what it holds per key-window to the fleet's
+    /// totals, under one hold of its limiter lock.
+    fn take_with(
+        nodes: &[NodeBus],
+        now: Now,
+        mut lines: impl FnMut(&NodeLimiter, &mut Totals),
+    ) -> Self {
         let shards = nodes
             .first()
             .map(|n| n.with_limiter(|l| l.config().shards))
@@ -268,9 +310,7 @@ impl RecoveryProbe {
         };
         let mut epochs: Vec<Option<bus_schemas::OwnerEpoch>> = vec![None; shards as usize];
         let mut unanimous = vec![true; shards as usize];
-        // key-window -> (spend + held, allowance, self-granted), summed over nodes.
-        let mut totals: std::collections::HashMap<bus_schemas::KeyWindow, (u64, u64, u64)> =
-            std::collections::HashMap::new();
+        let mut totals = Totals::new();
         for n in nodes {
             n.with_limiter(|l| {
                 for s in 0..shards {
@@ -283,14 +323,7 @@ impl RecoveryProbe {
                     unanimous[s as usize] &= epoch.0 > 0 && seen.is_none_or(|e| e == epoch);
                     *seen = Some(epoch);
                 }
-                for kw in l.key_windows() {
-                    if let Some(line) = l.line_for(&kw) {
-                        let t = totals.entry(kw).or_default();
-                        t.0 += line.cumulative_spend + line.held_credit;
-                        t.1 = t.1.max(line.allowance);
-                        t.2 += line.self_granted;
-                    }
-                }
+                lines(l, &mut totals);
             });
         }
         probe.shards_confirmed = unanimous.iter().filter(|&&u| u).count() as u32;
@@ -311,6 +344,16 @@ impl RecoveryProbe {
             && self.shards_confirmed == self.shards
             && self.key_windows_unreconciled == 0
     }
+}
+
+/// Key-window -> (spend + held, allowance, self-granted), summed over nodes.
+type Totals = std::collections::HashMap<bus_schemas::KeyWindow, (u64, u64, u64)>;
+
+fn add_line(totals: &mut Totals, kw: bus_schemas::KeyWindow, line: &bus_schemas::ReportEntry) {
+    let t = totals.entry(kw).or_default();
+    t.0 += line.cumulative_spend + line.held_credit;
+    t.1 = t.1.max(line.allowance);
+    t.2 += line.self_granted;
 }
 
 /// What a real-time run offered and admitted, booked against the exact oracle.
@@ -416,24 +459,54 @@ impl Driver {
         }
     }
 
-    /// Key `k`'s request to `node`, booked with the oracle's verdict at the same moment.
+    /// Key `k`'s request to `node`, booked with the oracle's verdict at the same moment,
+    /// awaited before the next is sent. It took the fast path if its node sent one while it
+    /// was being decided.
     pub(crate) async fn request(&mut self, node: &NodeBus, k: u32, clock: &Clock) {
-        let at = clock();
-        let now = at.wall_ms;
-        let run = &mut self.run;
-        run.offered += 1;
-        let oracle_admits = run.books.offer(k, now);
+        let issued = self.issue(k, clock);
         let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
-        let t0 = Instant::now();
-        let d = node.decide_at(self.ids[k as usize], &self.policy, at).await;
-        let ns = t0.elapsed().as_nanos() as u64;
-        run.decision_ns.push(ns);
-        if node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before {
-            run.fast_path_ns.push(ns);
+        let (decision, ns) = timed_decide(node, self.ids[k as usize], self.policy, issued.at).await;
+        let fast = node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before;
+        self.book(Decided {
+            issued,
+            decision,
+            ns,
+            fast,
+        });
+    }
+
+    /// Key `k`'s request, offered to the oracle now; its decision is booked by `book`.
+    pub(crate) fn issue(&mut self, k: u32, clock: &Clock) -> Issued {
+        let at = clock();
+        self.run.offered += 1;
+        Issued {
+            k,
+            at,
+            oracle_admits: self.run.books.offer(k, at.wall_ms),
         }
-        if matches!(d, Decision::Admit | Decision::FailOpen) {
+    }
+
+    /// The id of key `k` and the plan every key is on, to decide its request with.
+    pub(crate) fn key(&self, k: u32) -> (KeyId, KeyPolicy) {
+        (self.ids[k as usize], self.policy)
+    }
+
+    /// A decision, booked in the windows its request was issued in (requests in flight
+    /// together may complete in any order: the oracle's books do not depend on it).
+    pub(crate) fn book(&mut self, d: Decided) {
+        let Issued {
+            k,
+            at,
+            oracle_admits,
+        } = d.issued;
+        let run = &mut self.run;
+        run.decision_ns.push(d.ns);
+        if d.fast {
+            run.fast_path_ns.push(d.ns);
+        }
+        if matches!(d.decision, Decision::Admit | Decision::FailOpen) {
             run.admitted += 1;
-            run.books.admitted(k, now);
+            run.books.admitted(k, at.wall_ms);
         } else if oracle_admits {
             run.denied_under_limit += 1;
         }
@@ -443,4 +516,37 @@ impl Driver {
         self.run.ended_ms = clock().wall_ms;
         self.run
     }
+}
+
+/// A request as issued: its key, its moment, and the oracle's verdict at that moment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Issued {
+    pub(crate) k: u32,
+    pub(crate) at: Now,
+    pub(crate) oracle_admits: bool,
+}
+
+/// A request's decision and its latency in nanoseconds; `fast` if it waited on a fast
+/// path (its own, or one in flight for its key that it joined).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Decided {
+    pub(crate) issued: Issued,
+    pub(crate) decision: Decision,
+    pub(crate) ns: u64,
+    pub(crate) fast: bool,
+}
+
+/// One decision and its latency in nanoseconds, timed inside the future that makes it:
+/// from the decide call to the poll that finds the decision made. A driver that keeps
+/// many requests in flight must poll each as soon as it is woken (as `scenario`'s does),
+/// or its own delay is counted as the limiter's.
+pub(crate) async fn timed_decide(
+    node: &NodeBus,
+    key: KeyId,
+    policy: KeyPolicy,
+    at: Now,
+) -> (Decision, u64) {
+    let t0 = Instant::now();
+    let d = node.decide_at(key, &policy, at).await;
+    (d, t0.elapsed().as_nanos() as u64)
 }
