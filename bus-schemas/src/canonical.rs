@@ -90,6 +90,7 @@ fn report_entry_body_len(e: &ReportEntry) -> usize {
         + u64_len(6, e.applied_grant)
         + u64_len(7, e.returned)
         + u64_len(8, e.self_granted)
+        + u64_len(9, u64::from(e.standing_option))
 }
 
 /// `entry` as field `field` of its parent.
@@ -108,6 +109,7 @@ pub(crate) fn put_report_entry(out: &mut Vec<u8>, field: u64, e: &ReportEntry) {
     put_u64(out, 6, e.applied_grant);
     put_u64(out, 7, e.returned);
     put_u64(out, 8, e.self_granted);
+    put_u64(out, 9, u64::from(e.standing_option));
 }
 
 fn grant_entry_body_len(e: &GrantEntry) -> usize {
@@ -299,6 +301,7 @@ fn report_entry(buf: &[u8]) -> Option<RawReportEntry<'_>> {
             6 => e.applied_grant = scalar(wt, r)?,
             7 => e.returned = scalar(wt, r)?,
             8 => e.self_granted = scalar(wt, r)?,
+            9 => e.standing_option = scalar(wt, r)? != 0,
             _ => return None,
         }
         Some(())

@@ -170,6 +170,12 @@ pub struct ReportEntry {
     /// Credit the node gave itself without the owner (F4 self-grant or A-fixed share).
     /// Non-zero is the `self_grant` flag of C1.
     pub self_granted: u64,
+    /// This node epoch holds the node's standing option for the key-window (it ran
+    /// when the window began): `self_granted` then includes everything the node took
+    /// unasked there, which is at most its standing share (`credit_sizing::
+    /// standing_share`) plus any F4 self-grant. A node epoch that began mid-window
+    /// takes no standing credit, and its line leaves the option to the earlier epoch.
+    pub standing_option: bool,
 }
 
 impl ReportEntry {

@@ -33,6 +33,7 @@ fn entry(n: u64) -> ReportEntry {
         applied_grant: 30 + n,
         returned: 1,
         self_granted: 0,
+        standing_option: false,
     }
 }
 

@@ -44,6 +44,7 @@ fn batches(now: Now, round: u64) -> Vec<Vec<u8>> {
                         applied_grant: round * 3 + 10,
                         returned: 0,
                         self_granted: 0,
+                        standing_option: false,
                     }
                 })
                 .collect();

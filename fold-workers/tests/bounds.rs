@@ -69,6 +69,7 @@ fn node_ids_outside_the_fleet_and_a_restart_storms_empty_lines_are_refused() {
     let spent = ReportEntry {
         cumulative_spend: 2,
         self_granted: 2,
+        standing_option: false,
         ..busy
     };
     owner.handle_report_batch(now, &from_epoch(18, spent));

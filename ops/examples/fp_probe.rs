@@ -58,6 +58,7 @@ async fn main() {
                     applied_grant: 0,
                     returned: 0,
                     self_granted: 0,
+                    standing_option: false,
                 },
             };
             let t = Instant::now();

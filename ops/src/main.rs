@@ -246,6 +246,10 @@ struct SimArgs {
     /// Owner: Poisson standard deviations of burst allowance per grant (C4).
     #[arg(long)]
     burst_sigmas: Option<u64>,
+    /// Standing options: per mille of each window's leasable allowance that nodes may take
+    /// unasked (0: off; default from the reference configs).
+    #[arg(long)]
+    standing_permille: Option<u64>,
     /// Lift rules of the design for this run, to measure what they cost (comma-separated;
     /// never a production setting; the report and its replay command name them).
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -317,6 +321,7 @@ impl From<SimArgs> for SimRun {
             lead_rounds: a.lead_rounds,
             headroom_permille: a.headroom_permille,
             burst_sigmas: a.burst_sigmas,
+            standing_permille: a.standing_permille,
             what_if: a.what_if,
         };
         SimRun {

@@ -233,8 +233,9 @@ impl Fleet {
             self.dead_spend
                 .push((kw, line.cumulative_spend, line.self_granted));
         }
-        let epoch = NodeEpoch(self.next_epoch);
-        self.next_epoch += 1;
+        // A later life's epoch is its start in wall ms (C9), as the runtimes make it.
+        let epoch = NodeEpoch(self.now.wall_ms.max(self.next_epoch));
+        self.next_epoch = epoch.0 + 1;
         let config = old.config().clone();
         self.nodes[i] = NodeLimiter::new(
             config,

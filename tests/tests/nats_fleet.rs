@@ -233,6 +233,7 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
             applied_grant: 0,
             returned: 0,
             self_granted: 0,
+            standing_option: false,
             allowance: 1_000,
         }],
     };

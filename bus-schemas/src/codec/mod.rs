@@ -220,6 +220,7 @@ pub(crate) struct RawReportEntry<'a> {
     pub applied_grant: u64,
     pub returned: u64,
     pub self_granted: u64,
+    pub standing_option: bool,
 }
 
 impl<'a> RawReportEntry<'a> {
@@ -233,6 +234,7 @@ impl<'a> RawReportEntry<'a> {
             applied_grant: e.applied_grant,
             returned: e.returned,
             self_granted: e.self_granted,
+            standing_option: e.standing_option,
         }
     }
 }
@@ -247,6 +249,7 @@ fn report_entry(kind: &'static str, e: &RawReportEntry<'_>) -> Result<ReportEntr
         applied_grant: e.applied_grant,
         returned: e.returned,
         self_granted: e.self_granted,
+        standing_option: e.standing_option,
     };
     if out.allowance > WINDOW_LIMIT_MAX
         || out.applied_grant > WINDOW_LIMIT_MAX * 2
@@ -286,6 +289,7 @@ fn wire_report_entry(e: &ReportEntry) -> wire::ReportEntry {
         applied_grant: e.applied_grant,
         returned: e.returned,
         self_granted: e.self_granted,
+        standing_option: e.standing_option,
     }
 }
 

@@ -60,6 +60,8 @@ fn report() -> impl Strategy<Value = ReportBatch> {
         applied_grant: v[4],
         returned: v[5],
         self_granted: v[6],
+        // Both values, from a bit of a count the strategy already draws.
+        standing_option: v[6] % 2 == 1,
     });
     // Out-of-range chunk pairs too: they encode, and both readers must refuse them.
     let full = prop_oneof![

@@ -58,6 +58,7 @@ pub fn line(kw: KeyWindow, allowance: u64) -> ReportEntry {
         applied_grant: 0,
         returned: 0,
         self_granted: 0,
+        standing_option: false,
     }
 }
 

@@ -16,6 +16,13 @@
 //! Writers: request tasks only ever decrement (or refund their own decrement); the single
 //! reconciler adds, installs and drains. All updates are CAS loops on the whole word.
 //!
+//! A closed window leaves a *closed marker*: the window's number without the live bit,
+//! no credit. A word that holds no live window (empty, or a marker of a window older
+//! than the one a request names) may be *opened* by the request path with the node's
+//! standing option for that window (`open_standing`); a marker of the named window
+//! itself never can, so a window is opened at most once per word. The reconciler
+//! places credit with `place`, which never overwrites a window a request just opened.
+//!
 //! This module is the only code that reads or writes a word's fields. The surface and the
 //! reconciler name a window by its number and call the operations below: `charge` and
 //! `uncharge` on the request path; `fill`, `grant`, `mark_exhausted`, `drain_to` and
@@ -231,10 +238,100 @@ pub fn drain_to(word: &AtomicU64, number: u64, keep: u64) -> Option<u64> {
 }
 
 /// Reconciler: close window `number`, taking everything its word holds: with what was
-/// received and returned, this fixes the window's spend. `None` when the word holds
-/// another window.
+/// received and returned, this fixes the window's spend. The word is left holding the
+/// window's closed marker, which no request can charge or open again. `None` when the
+/// word holds another window.
 pub fn close(word: &AtomicU64, number: u64) -> Option<u64> {
-    drain(word, tag_of(number))
+    let tag = tag_of(number);
+    // The exhausted bit sets a marker apart from an empty word even where the number's
+    // low bits are all zero.
+    let marker = pack(closed_tag_of(number), true, 0);
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if word_tag(cur) != tag {
+            return None;
+        }
+        match word.compare_exchange_weak(cur, marker, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(word_credit(cur)),
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// The closed marker's tag of window `number`: its number without the live bit.
+#[inline]
+fn closed_tag_of(number: u64) -> u64 {
+    number & TAG_NUMBER_MASK
+}
+
+/// Whether a request may open window `number` in a word that holds `cur`: no live
+/// window in it, and any closed marker older than `number` (tag numbers wrap at 2^22;
+/// the parity double buffer only ever holds windows two apart).
+#[inline]
+fn openable(cur: u64, number: u64) -> bool {
+    let tag = word_tag(cur);
+    if tag & TAG_LIVE_BIT != 0 {
+        return false;
+    }
+    let behind = (number & TAG_NUMBER_MASK).wrapping_sub(tag) & TAG_NUMBER_MASK;
+    cur == EMPTY_WORD || (behind > 0 && behind < TAG_NUMBER_MASK / 2)
+}
+
+/// Request path (cold): open window `number` with `credit` units of the node's standing
+/// option, if the word holds no live window and never held this one. False when the
+/// word is not openable (a live window, or this window's closed marker).
+pub fn open_standing(words: &[AtomicU64; 2], number: u64, credit: u64) -> bool {
+    let word = word_of(words, number);
+    let next = pack(tag_of(number), false, credit);
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        if !openable(cur, number) {
+            return false;
+        }
+        match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// What `place` found in the word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    /// The word now holds window `number` with exactly the credit placed.
+    Filled,
+    /// A request had opened window `number` with the standing option first: the credit
+    /// placed was added to what it holds, and the caller books the standing share.
+    AddedToOpened,
+}
+
+/// Reconciler: make `word` hold window `number` with `credit` (the caller has closed
+/// whatever live window it held), unless a request opened `number` there meanwhile
+/// (`open_standing`), in which case `credit` is added to that. One compare-and-swap
+/// decides which, so standing credit a request opened is never overwritten.
+pub fn place(word: &AtomicU64, number: u64, credit: u64, exhausted: bool) -> Placed {
+    let tag = tag_of(number);
+    let mut cur = word.load(Ordering::Acquire);
+    loop {
+        let (next, placed) = if word_tag(cur) == tag {
+            (
+                pack(tag, exhausted, word_credit(cur) + credit),
+                Placed::AddedToOpened,
+            )
+        } else {
+            (pack(tag, exhausted, credit), Placed::Filled)
+        };
+        match word.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return placed,
+            Err(seen) => cur = seen,
+        }
+    }
+}
+
+/// Whether `word` holds window `number` live (opened or placed).
+#[inline]
+pub fn holds_live(word: &AtomicU64, number: u64) -> bool {
+    word_tag(word.load(Ordering::Acquire)) == tag_of(number)
 }
 
 #[cfg(test)]
@@ -283,6 +380,46 @@ mod tests {
         let w = word.load(Ordering::Relaxed);
         assert_eq!((word_credit(w), word_exhausted(w)), (2, true));
         assert_eq!(drain_above(&word, tag_of(4), 2), Some(0));
+    }
+
+    #[test]
+    fn a_closed_window_cannot_be_opened_again_but_a_later_one_can() {
+        let words = empty_pair();
+        assert!(open_standing(&words, 10, 3), "an empty word opens");
+        assert!(
+            !open_standing(&words, 10, 3),
+            "a live window does not open twice"
+        );
+        assert!(charge(&words, 10));
+        assert_eq!(close(word_of(&words, 10), 10), Some(2));
+        assert!(!charge(&words, 10), "a closed marker takes no charge");
+        assert!(
+            !open_standing(&words, 10, 3),
+            "nor opens its own window again"
+        );
+        assert!(!open_standing(&words, 8, 3), "nor an older one");
+        assert!(
+            open_standing(&words, 12, 1),
+            "the next window of the parity opens"
+        );
+        assert_eq!(held(word_of(&words, 12), 12), 1);
+        // Wrapping tag numbers: a marker just below the wrap, the next window above it.
+        let n = TAG_NUMBER_MASK - 1;
+        let words = empty_pair();
+        assert!(open_standing(&words, n, 1));
+        assert_eq!(close(word_of(&words, n), n), Some(1));
+        assert!(open_standing(&words, n + 2, 1));
+    }
+
+    #[test]
+    fn place_adds_to_a_window_a_request_opened_and_fills_otherwise() {
+        let words = empty_pair();
+        assert_eq!(place(word_of(&words, 4), 4, 5, false), Placed::Filled);
+        assert_eq!(held(word_of(&words, 4), 4), 5);
+        assert!(open_standing(&words, 7, 2));
+        assert_eq!(place(word_of(&words, 7), 7, 3, true), Placed::AddedToOpened);
+        let c = read(word_of(&words, 7), 7).unwrap();
+        assert_eq!((c.credit, c.exhausted), (5, true));
     }
 
     /// Concurrent charges never take more than the credit present, and the reconciler's

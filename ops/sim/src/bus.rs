@@ -319,6 +319,7 @@ mod tests {
             applied_grant: 5,
             returned: 0,
             self_granted: 0,
+            standing_option: false,
         };
         Payload::Report(ReportBatch {
             node: NodeId(3),

@@ -143,6 +143,9 @@ pub struct SimConfig {
     pub lead_rounds: Option<u64>,
     pub headroom_permille: Option<u64>,
     pub burst_sigmas: Option<u64>,
+    /// Standing options, per mille of each window's leasable allowance (node and owner
+    /// alike); `None` keeps the reference configs'.
+    pub standing_permille: Option<u64>,
     /// Rules lifted for this run (`WhatIf`), sorted and without repeats.
     pub what_if: Vec<WhatIf>,
 }
@@ -172,6 +175,7 @@ impl SimConfig {
             lead_rounds: None,
             headroom_permille: None,
             burst_sigmas: None,
+            standing_permille: None,
             what_if: Vec::new(),
         }
     }
@@ -264,6 +268,7 @@ impl SimConfig {
             ("--lead-rounds", self.lead_rounds),
             ("--headroom-permille", self.headroom_permille),
             ("--burst-sigmas", self.burst_sigmas),
+            ("--standing-permille", self.standing_permille),
         ] {
             if let Some(v) = v {
                 s += &format!(" {flag} {v}");

@@ -162,6 +162,9 @@ fn node_config(cfg: &SimConfig, i: u32) -> NodeConfig {
             Mode::Leasing
         },
         degraded_after_ms: cfg.degraded_after_ms,
+        standing_permille: cfg
+            .standing_permille
+            .unwrap_or(NodeConfig::reference(NodeId(i)).standing_permille),
         ..NodeConfig::reference(NodeId(i))
     }
 }
@@ -172,6 +175,7 @@ fn owner_config(cfg: &SimConfig, shard: u32) -> OwnerConfig {
         lead_rounds: cfg.lead_rounds.unwrap_or(reference.lead_rounds),
         headroom_permille: cfg.headroom_permille.unwrap_or(reference.headroom_permille),
         burst_sigmas: cfg.burst_sigmas.unwrap_or(reference.burst_sigmas),
+        standing_permille: cfg.standing_permille.unwrap_or(reference.standing_permille),
         what_if_central_endgame: cfg.lifts(WhatIf::CentralEndgame),
         shards: cfg.nodes,
         fleet_size: cfg.nodes,
@@ -449,9 +453,11 @@ impl Sim {
         if self.cfg.mode == SimMode::GlobalSync || self.nodes[i].limiter.is_some() {
             return;
         }
-        let epoch = NodeEpoch(self.next_node_epoch);
-        self.next_node_epoch += 1;
+        // A later life's epoch is its start in wall ms (C9), as the runtimes make it:
+        // a window that began before it is not this epoch's to take an option of.
         let now = self.node_now(i, t_ms);
+        let epoch = NodeEpoch(now.wall_ms.max(self.next_node_epoch));
+        self.next_node_epoch = epoch.0 + 1;
         let mut limiter = NodeLimiter::new(
             node_config(&self.cfg, i as u32),
             surface_for(&self.cfg),

@@ -40,6 +40,8 @@ pub struct Counts {
     pub grants_applied: u64,
     /// C10: report entries folded in the owners' hot lane.
     pub hot_deferred: u64,
+    /// Standing-option recalls the owners sent (grants of nothing, `fold_core` options).
+    pub recalls: u64,
     /// Fold age histograms (whole rounds, last bucket = that many or more), summed over
     /// owners: keys outside the hot set, and hot keys.
     pub fold_age_rounds_cold: [u64; FOLD_AGE_BUCKETS],
@@ -64,6 +66,7 @@ impl Counts {
         self.report_entries += o.report_entries;
         self.keys_visited += o.keys_visited;
         self.grants_applied += o.grants_applied;
+        self.recalls += o.recalls;
         self.add_owner_histograms(
             o.hot_deferred,
             &o.fold_age_rounds_cold,
@@ -86,6 +89,7 @@ impl Counts {
 
     pub(crate) fn add_owner(&mut self, owner: &FoldOwner) {
         let s = owner.stats();
+        self.recalls += s.recalls;
         self.add_owner_histograms(
             s.hot_deferred,
             &s.fold_age_rounds_cold,

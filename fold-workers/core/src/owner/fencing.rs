@@ -139,6 +139,11 @@ impl FoldOwner {
         }
     }
 
+    /// The node epoch of `node`'s last report here, if it has reported.
+    pub(super) fn node_epoch(&self, node: NodeId) -> Option<NodeEpoch> {
+        self.nodes.get(&node).map(|s| s.last_epoch)
+    }
+
     /// F4: the node gave itself credit while this owner was away; grant it nothing for
     /// `withhold_rounds`, as for a reappearing node.
     pub(super) fn withhold_self_granter(&mut self, node: NodeId, now: Now) {

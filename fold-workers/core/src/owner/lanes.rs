@@ -9,10 +9,10 @@ use super::{FoldOwner, OwnerMode};
 /// A step's grant entries grouped by node: at most one group per fleet node, searched
 /// in order.
 #[derive(Default)]
-struct PerNode(Vec<(NodeId, Vec<GrantEntry>)>);
+pub(super) struct PerNode(Vec<(NodeId, Vec<GrantEntry>)>);
 
 impl PerNode {
-    fn add(&mut self, node: NodeId, entry: GrantEntry) {
+    pub(super) fn add(&mut self, node: NodeId, entry: GrantEntry) {
         match self.0.iter_mut().find(|(n, _)| *n == node) {
             Some((_, entries)) => entries.push(entry),
             None => self.0.push((node, vec![entry])),
@@ -133,7 +133,7 @@ impl FoldOwner {
     }
 
     /// One grant batch per node, in the order the nodes first got an entry.
-    fn send_batches(&mut self, per_node: PerNode) {
+    pub(super) fn send_batches(&mut self, per_node: PerNode) {
         for (node, entries) in per_node.0 {
             let full_report_taken = self.full_report_taken(node);
             self.outbox.push_back(GrantBatch {

@@ -19,6 +19,9 @@ pub(super) struct Line {
     pub(super) applied: u64,
     pub(super) returned: u64,
     pub(super) self_granted: u64,
+    /// The node's standing option is settled by this line: `self_granted` is all the
+    /// node took unasked (`options`).
+    pub(super) standing_option: bool,
     /// Credit total this owner (or, after a takeover, the reports) says was issued.
     pub(super) granted: u64,
     grant_seq: u64,
@@ -117,19 +120,42 @@ pub(super) struct Ledger {
     pub(super) fixed_nodes_seen: u32,
     /// On `FoldOwner::retry_queue`: a line is starved and credit came back since.
     pub(super) retry_queued: bool,
+    /// The largest allowance any line reported: what the nodes size their standing
+    /// options from (a node on an older, looser policy takes more).
+    pub(super) option_allowance: u64,
+    /// `OwnerConfig::option_rotation` of this key-window.
+    pub(super) option_rotation: u32,
+    /// When the owner last recalled this key-window's unsettled options (`options`).
+    pub(super) recalled_at_ms: Option<u64>,
 }
 
 impl Ledger {
     /// A new key-window's ledger, at the allowance its first line reports, capped by the
     /// policy's limit for it (P1) when there is one.
-    pub(super) fn new(reported_allowance: u64, policy_cap: Option<u64>) -> Self {
+    pub(super) fn new(reported_allowance: u64, policy_cap: Option<u64>, rotation: u32) -> Self {
         Self {
             allowance: policy_cap.map_or(reported_allowance, |c| c.min(reported_allowance)),
             reserve_released: false,
             lines: Lines::default(),
             fixed_nodes_seen: 0,
             retry_queued: false,
+            option_allowance: reported_allowance,
+            option_rotation: rotation,
+            recalled_at_ms: None,
         }
+    }
+
+    /// Room for a recall's line (`FoldOwner::send_recalls`): never past what a report
+    /// line with no credit could take.
+    pub(super) fn has_room_for_recall(&self, config: &OwnerConfig) -> bool {
+        self.lines.len() < LINES_PER_NODE * config.fleet_size as usize
+    }
+
+    /// What may be leased beyond the standing options: the pool a window far from its
+    /// limit is measured against (`sizing`).
+    pub(super) fn pool_base(&self, config: &OwnerConfig) -> u64 {
+        self.allowance
+            .saturating_sub(config.options_total(self.option_allowance))
     }
 
     pub(super) fn reserve_held(&self, config: &OwnerConfig) -> u64 {
@@ -144,6 +170,13 @@ impl Ledger {
     /// while it is.
     pub(super) fn reserve_left(&self, config: &OwnerConfig) -> bool {
         !self.reserve_released && config.reserve(self.allowance) > 0
+    }
+
+    /// Whether the pool can still grow within the window without a return: the reserve
+    /// is held, or options are unsettled (a recall may bring them back). A pool that can
+    /// is not exhausted: a node told so would stop asking until the boundary.
+    pub(super) fn may_refill(&self, config: &OwnerConfig) -> bool {
+        self.reserve_left(config) || self.unsettled_options(config) > 0
     }
 
     /// About the least allowance that still holds what is issued net of returns plus,
@@ -199,8 +232,9 @@ impl Ledger {
         issued.saturating_sub(returned)
     }
 
-    /// Everything that may still be or has been spent: owner credit, self-grants, and in
-    /// fixed mode the shares of nodes not yet heard from.
+    /// Everything that may still be or has been spent: owner credit, self-grants, in
+    /// fixed mode the shares of nodes not yet heard from, and in leasing the standing
+    /// options no node has settled (`options`).
     fn committed(&self, config: &OwnerConfig) -> u64 {
         let lines: u64 = self
             .lines
@@ -212,7 +246,7 @@ impl Ledger {
                 u64::from(config.fleet_size.saturating_sub(self.fixed_nodes_seen))
                     * config.fixed_share(self.allowance)
             }
-            OwnerMode::Leasing => 0,
+            OwnerMode::Leasing => self.unsettled_options(config),
         };
         lines + unseen_shares
     }

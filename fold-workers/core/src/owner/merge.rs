@@ -4,6 +4,7 @@
 
 use std::collections::hash_map::Entry;
 
+use bus_schemas::limits::WINDOW_LIMIT_MAX;
 use bus_schemas::{FastPathRequest, KeyWindow, NodeEpoch, NodeId, Now, ReportEntry};
 use credit_sizing::smoothed_rise;
 
@@ -31,13 +32,17 @@ impl Line {
         let returned_more = entry.returned > self.returned;
         self.returned = self.returned.max(entry.returned);
         self.self_granted = self.self_granted.max(entry.self_granted);
+        // An option settled is credit the pool counted as out and may not be: like a
+        // return, it can reopen a window (an option given up is all back).
+        let settled_now = entry.standing_option && !self.standing_option;
+        self.standing_option |= entry.standing_option;
         let took_over = self.granted < self.applied;
         if took_over {
             // A previous owner's credit (takeover): continue its totals.
             self.granted = self.applied;
         }
         Folded {
-            returned_more,
+            returned_more: returned_more || settled_now,
             self_granted_more,
             took_over,
         }
@@ -57,20 +62,38 @@ impl FoldOwner {
     ) -> bool {
         let kw = entry.key_window;
         let ledgers_len = self.ledgers.len();
+        // A node that gave its option up before it had the key's plan reports the
+        // largest allowance the wire takes: it knows none (`standing`). Such a line
+        // carries no credit; it settles an option, and says nothing of the allowance.
+        let known = (entry.allowance < WINDOW_LIMIT_MAX).then_some(entry.allowance);
         let ledger = match self.ledgers.entry(kw) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => {
-                if ledgers_len >= self.config.ledgers_cap || too_far_ahead(kw, now) {
+                if ledgers_len >= self.config.ledgers_cap
+                    || too_far_ahead(kw, now)
+                    || known.is_none()
+                {
                     self.stats.ledgers_refused += 1;
                     return false;
                 }
                 let cap = self.policy.as_ref().and_then(|p| p.limit(&kw));
                 self.reap_queue
                     .push(std::cmp::Reverse((bus_window_end(kw), kw)));
-                v.insert(Ledger::new(entry.allowance, cap))
+                let rotation = self.config.option_rotation(&kw);
+                v.insert(Ledger::new(entry.allowance, cap, rotation))
             }
         };
-        ledger.tighten_allowance(&self.config, entry.allowance);
+        if ledger.lines.0.is_empty() && self.recalled_last_window(&kw) {
+            // The key ran short of its pool with options out in the window before: it
+            // is concentrated or near its limit, so its options are asked back before
+            // most nodes would take them (`options`).
+            self.want_recall(now, kw);
+        }
+        let ledger = self.ledgers.get_mut(&kw).expect("made above");
+        if let Some(allowance) = known {
+            ledger.tighten_allowance(&self.config, allowance);
+            ledger.option_allowance = ledger.option_allowance.max(allowance);
+        }
         let thin = ledger.spread_thin(&self.config);
         if !ledger.has_room_for(&self.config, &(node, epoch), entry) {
             self.stats.ledgers_refused += 1;
@@ -98,9 +121,9 @@ impl FoldOwner {
         } else {
             None
         };
-        // A return is the only thing that raises a ledger's available credit (grants,
-        // self-grants and a lower allowance only lower it), so it is what can reopen a
-        // window its lines were told is exhausted.
+        // A return (or an option settled) is the only thing that raises a ledger's
+        // available credit (grants, self-grants and a lower allowance only lower it), so
+        // it is what can reopen a window its lines were told is exhausted.
         if folded.returned_more
             && !ledger.retry_queued
             && self.config.mode == OwnerMode::Leasing
@@ -109,7 +132,18 @@ impl FoldOwner {
             ledger.retry_queued = true;
             self.retry_queue.push_back(kw);
         }
-        if folded.self_granted_more && self.config.mode == OwnerMode::Leasing {
+        // A standing option taken is no F4 self-grant: only credit beyond it is.
+        let option = if entry.standing_option {
+            let ledger = self.ledgers.get(&kw).expect("merged above");
+            self.config
+                .option_of(ledger.option_allowance, ledger.option_rotation, node)
+        } else {
+            0
+        };
+        if folded.self_granted_more
+            && entry.self_granted > option
+            && self.config.mode == OwnerMode::Leasing
+        {
             self.withhold_self_granter(node, now);
         }
         if let Some(e) = breach {

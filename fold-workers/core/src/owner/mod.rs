@@ -23,12 +23,14 @@
 //! By concern: `merge` folds report lines into the ledgers (C3); `sizing` sizes grants
 //! (C4, C5); `fencing` keeps track of nodes, epochs and the takeover fence (C8);
 //! `ledger` holds the books and the invariant check; `lanes` sends the grants that
-//! answer no one report (the hot lane, C10, and the exhausted-line retry, A48).
+//! answer no one report (the hot lane, C10, and the exhausted-line retry, A48);
+//! `options` counts the standing options nodes take unasked, and recalls them.
 
 mod fencing;
 mod lanes;
 mod ledger;
 mod merge;
+mod options;
 mod sizing;
 
 use std::collections::VecDeque;
@@ -134,6 +136,10 @@ pub struct OwnerConfig {
     pub retry_ledgers_per_tick: usize,
     /// C10: which keys get the hot lane.
     pub hot: HotKeyConfig,
+    /// Standing options: the share, in thousandths, of each window's leasable allowance
+    /// the fleet's nodes may take unasked (`credit_sizing::standing_total`); 0 turns
+    /// them off. Every node must use the same value (`NodeConfig::standing_permille`).
+    pub standing_permille: u64,
     /// What-if only (`foldgate sim --what-if central-endgame`), never a production
     /// setting: in the endgame (`FoldOwner::size_grant`) the pool's last credit stays
     /// with the owner and goes one unit per fast path, as a central limiter would give
@@ -164,6 +170,7 @@ impl OwnerConfig {
             ledgers_cap: 1_000_000,
             retry_ledgers_per_tick: 1_024,
             hot: HotKeyConfig::reference(),
+            standing_permille: 500,
             what_if_central_endgame: false,
         }
     }
@@ -227,6 +234,8 @@ pub struct OwnerStats {
     /// keys under 2 rounds" is read off `fold_age_rounds_cold`.
     pub fold_age_rounds_cold: [u64; FOLD_AGE_BUCKETS],
     pub fold_age_rounds_hot: [u64; FOLD_AGE_BUCKETS],
+    /// Grants of nothing sent to recall unsettled standing options (`options`).
+    pub recalls: u64,
 }
 
 pub const FOLD_AGE_BUCKETS: usize = 8;
@@ -261,6 +270,9 @@ pub struct FoldOwner {
     retry_queue: VecDeque<KeyWindow>,
     /// P1: caps a new ledger's allowance; none until the worker has read one.
     policy: Option<std::sync::Arc<OwnerPolicy>>,
+    /// Key-windows to recall options of at the end of the step (`options`), at most
+    /// `options::RECALL_QUEUE_MAX`.
+    recall_queue: Vec<KeyWindow>,
 }
 
 impl FoldOwner {
@@ -285,6 +297,7 @@ impl FoldOwner {
             hot_pending: DetMap::default(),
             retry_queue: VecDeque::new(),
             policy: None,
+            recall_queue: Vec::new(),
         }
     }
 
@@ -384,6 +397,7 @@ impl FoldOwner {
         // Credit this batch handed back reopens the windows of lines told exhausted now,
         // not a round later (`retry_exhausted_lines`).
         self.retry_exhausted_lines(now);
+        self.send_recalls(now);
     }
 
     /// D5: answered at once, on the request's reply subject.
@@ -409,16 +423,20 @@ impl FoldOwner {
             self.stats.withheld += 1;
             return reply(FastPathOutcome::Withheld);
         }
-        match self.size_grant(now, req.node, req.node_epoch, req.entry.key_window, true) {
-            Some(g) => {
-                self.stats.fast_path_granted += 1;
-                reply(FastPathOutcome::Granted(g))
-            }
-            None => {
-                let exhausted = self.pool_exhausted(&req.entry.key_window);
-                reply(FastPathOutcome::Refused { exhausted })
-            }
-        }
+        let answer =
+            match self.size_grant(now, req.node, req.node_epoch, req.entry.key_window, true) {
+                Some(g) => {
+                    self.stats.fast_path_granted += 1;
+                    reply(FastPathOutcome::Granted(g))
+                }
+                None => {
+                    self.want_recall(now, req.entry.key_window);
+                    let exhausted = self.pool_exhausted(&req.entry.key_window);
+                    reply(FastPathOutcome::Refused { exhausted })
+                }
+            };
+        self.send_recalls(now);
+        answer
     }
 
     /// C7: a key-window's ledger (its node epochs with it) goes two rounds after the window
@@ -427,6 +445,7 @@ impl FoldOwner {
     pub fn handle_tick(&mut self, now: Now) {
         self.fold_hot_lane(now);
         self.retry_exhausted_lines(now);
+        self.send_recalls(now);
         self.hot.end_round();
         let keep_ms = 2 * self.round_ms();
         while let Some(std::cmp::Reverse((end_ms, kw))) = self.reap_queue.peek().copied()

@@ -30,10 +30,11 @@ struct PoolLeft {
 }
 
 impl PoolLeft {
-    fn of(ledger: &Ledger, available: u64, endgame: bool) -> Self {
+    fn of(config: &OwnerConfig, ledger: &Ledger, available: u64, endgame: bool) -> Self {
         // Half the pool unissued and not in the endgame: the window is far from its
-        // limit, and a unit held ahead costs no other node a request.
-        let slack = !endgame && available.saturating_mul(2) >= ledger.allowance;
+        // limit, and a unit held ahead costs no other node a request. The pool is what
+        // the standing options leave (`Ledger::pool_base`).
+        let slack = !endgame && available.saturating_mul(2) >= ledger.pool_base(config);
         Self {
             allowance: ledger.allowance,
             available,
@@ -223,7 +224,7 @@ impl FoldOwner {
         let available_before = ledger.available(config);
         let wants = Wants::of(config, kw, ledger, available_before);
         let line = *ledger.lines.get(&(node, epoch))?;
-        let pool = PoolLeft::of(ledger, available_before, wants.endgame);
+        let pool = PoolLeft::of(config, ledger, available_before, wants.endgame);
         let central = wants.endgame && config.what_if_central_endgame;
         if central && !fast {
             return None;
@@ -254,10 +255,16 @@ impl FoldOwner {
         }
         // The lines are as they were when `wants` was taken (only `want` moved).
         let grant = fair_split(want, wants.total(config, ledger).max(want), available);
+        if grant < want {
+            // Short while nodes may hold options they do not use: ask for them back.
+            self.want_recall(now, kw);
+        }
         if grant == 0 {
             return None;
         }
-        let reserve_left = ledger.reserve_left(config);
+        let config = &self.config;
+        let ledger = self.ledgers.get_mut(&kw).expect("sized above");
+        let reserve_left = ledger.may_refill(config);
         let line = ledger.lines.get_mut(&(node, epoch)).expect("read above");
         // Exhausted means nothing is left even for a fast path: while the reserve is
         // still held, a node that runs dry must be able to ask for it (C5), so its 429s
@@ -293,7 +300,7 @@ impl FoldOwner {
         let config = &self.config;
         let ledger = self.ledgers.get_mut(&kw)?;
         let available = ledger.available(config);
-        let reserve_left = ledger.reserve_left(config);
+        let reserve_left = ledger.may_refill(config);
         let pool_says = if exhausted {
             available == 0 && !reserve_left
         } else {
@@ -315,6 +322,6 @@ impl FoldOwner {
     pub(super) fn pool_exhausted(&self, kw: &KeyWindow) -> bool {
         self.ledgers
             .get(kw)
-            .is_some_and(|l| l.available(&self.config) == 0 && !l.reserve_left(&self.config))
+            .is_some_and(|l| l.available(&self.config) == 0 && !l.may_refill(&self.config))
     }
 }

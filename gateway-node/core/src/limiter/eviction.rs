@@ -38,12 +38,25 @@ impl NodeLimiter {
     fn eviction_candidates(&self, now_ms: u64) -> Vec<(std::cmp::Reverse<u32>, KeyId)> {
         let mut candidates = Vec::new();
         self.surface.for_each(|key, bucket| {
-            if bucket.holds_no_credit() && !self.surface.fast_path_in_flight(bucket, now_ms) {
+            if bucket.holds_no_credit()
+                && !self.surface.fast_path_in_flight(bucket, now_ms)
+                && !self.holds_open_option(&key)
+            {
                 candidates.push((std::cmp::Reverse(self.idle_rounds_now(&key)), key));
             }
         });
         candidates.sort_unstable();
         candidates
+    }
+
+    /// Whether a window of `key` whose standing option this epoch took is still open: a
+    /// bucket made again within it would find its words empty and take the option twice.
+    fn holds_open_option(&self, key: &KeyId) -> bool {
+        self.keys.get(key).is_some_and(|s| {
+            s.records
+                .iter()
+                .any(|(_, r)| r.standing > 0 && !matches!(r.place, Place::Closed { .. }))
+        })
     }
 
     /// The key's quiet rounds as of this round. A track is as of its key's last visit;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bus_schemas::{GrantBatch, GrantEntry, KeyId, KeyWindow, Now, OwnerEpoch, WindowId};
 
+use super::standing::UNKNOWN_ALLOWANCE;
 use super::track::{KeyState, KeyTrack, Place};
 use super::{Mode, NodeLimiter};
 use crate::credit;
@@ -56,7 +57,25 @@ impl NodeLimiter {
         }
         let kw = entry.key_window;
         let fresh = !self.has_record(&kw);
-        if fresh && !self.record_for_grant(now, kw) {
+        if fresh && window_end_ms(kw.key, kw.window) <= now.wall_ms {
+            // A late or repeated grant for a window that has ended and whose record is
+            // reaped: a new record would start from nothing and take the cumulative total
+            // as fresh credit, although the reaped one had returned or spent part of it.
+            self.stats.grants_orphaned += 1;
+            return false;
+        }
+        let made = if !fresh {
+            true
+        } else if self.standing_rule().is_some() {
+            // The owner manages this key-window for this node: the option goes.
+            self.record_declined(kw)
+        } else {
+            self.record_for_grant(kw)
+        };
+        if !made {
+            if fresh {
+                self.stats.grants_orphaned += 1;
+            }
             return false;
         }
         let Some(off) = self.book_grant(owner_epoch, entry) else {
@@ -78,14 +97,7 @@ impl NodeLimiter {
     /// A record for a grant that arrived before any tick saw its key-window (the fast
     /// path on a new key, or a pre-grant for the next window). False when there is to be
     /// none: the window has ended, or the key has no bucket to say which slot it is.
-    fn record_for_grant(&mut self, now: Now, kw: KeyWindow) -> bool {
-        if window_end_ms(kw.key, kw.window) <= now.wall_ms {
-            // A late or repeated grant for a window that has ended and whose record is
-            // reaped: a new record would start from nothing and take the cumulative total
-            // as fresh credit, although the reaped one had returned or spent part of it.
-            self.stats.grants_orphaned += 1;
-            return false;
-        }
+    fn record_for_grant(&mut self, kw: KeyWindow) -> bool {
         let slot = self.surface.get(&kw.key).and_then(|b| {
             let windows = b.policy().windows();
             windows
@@ -94,7 +106,6 @@ impl NodeLimiter {
                 .map(|i| (i, windows[i].limit))
         });
         let Some((slot, allowance)) = slot else {
-            self.stats.grants_orphaned += 1;
             return false;
         };
         let self_granted = if self.config.mode == Mode::Fixed {
@@ -187,6 +198,9 @@ impl NodeLimiter {
             return;
         };
         rec.slot = slot as u8;
+        if rec.allowance == UNKNOWN_ALLOWANCE {
+            rec.allowance = bucket.policy().windows()[slot].limit;
+        }
         let (exhausted, p) = (rec.exhausted, credit::parity(kw.window.number));
         let track = track.get_or_insert_with(KeyTrack::default);
         let in_word = track.installed.get(slot, p);
@@ -216,14 +230,23 @@ impl NodeLimiter {
             }
         }
         track.installed.set(slot, p, Some(kw.window.number));
-        credit::fill(
+        let placed = credit::place(
             bucket.word(slot, kw.window),
             kw.window.number,
             off_credit,
             exhausted,
         );
-        if let Some((_, rec)) = records.iter_mut().find(|(w, _)| *w == kw.window) {
-            rec.place = Place::Live;
+        let allowance = match records.iter_mut().find(|(w, _)| *w == kw.window) {
+            Some((_, rec)) => {
+                rec.place = Place::Live;
+                rec.allowance
+            }
+            None => return,
+        };
+        if placed == credit::Placed::AddedToOpened {
+            // A request opened the window with this node's standing option first.
+            let share = self.option_of(&kw, allowance).unwrap_or(0);
+            self.book_standing(kw, share);
         }
         self.log.note(kw);
     }

@@ -112,7 +112,12 @@ impl NodeLimiter {
                 }
             }
             let line = line_of(bucket.as_deref(), demand, kw, rec);
-            let now = Some((line.cumulative_spend + line.held_credit, line.self_granted));
+            // Standing credit is the owner's to count (it counts every node's option as
+            // taken until it hears otherwise), so only credit beyond it is a self-grant.
+            let now = Some((
+                line.cumulative_spend + line.held_credit,
+                rec.self_granted_beyond_option(),
+            ));
             if rec.counted != now {
                 out.push(LineChange {
                     key_window: *kw,
@@ -171,6 +176,24 @@ impl NodeLimiter {
                     &kw,
                     rec,
                 ));
+            }
+        }
+    }
+
+    /// Every line as `for_each_line` gives it, with `self_granted` only the credit taken
+    /// beyond the standing option: a line's part of a fleet-wide sum, as
+    /// `take_changes` counts it (the owner counts standing options within the allowance).
+    pub fn for_each_truth_line(&self, mut f: impl FnMut(&ReportEntry)) {
+        for (key, state) in &self.keys {
+            for (window, rec) in &state.records {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
+                if let Some(mut line) = self.line_for(&kw) {
+                    line.self_granted = rec.self_granted_beyond_option();
+                    f(&line);
+                }
             }
         }
     }

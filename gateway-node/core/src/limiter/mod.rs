@@ -20,6 +20,7 @@
 //! * `eviction`: D7's eviction of idle, empty buckets.
 //! * `policy_switch`: P1's move of keys to a new policy version.
 //! * `invariants`: the checks and reads the tests and the simulator use.
+//! * `standing`: standing options booked, taken and given up.
 //! * `track`: the per-key data the steps share (demand tracks, records).
 //!
 //! Credit words are read and written only through `crate::credit`.
@@ -32,6 +33,7 @@ mod links;
 mod policy_switch;
 mod report;
 mod returns;
+mod standing;
 mod tick;
 mod track;
 
@@ -109,6 +111,11 @@ pub struct NodeConfig {
     pub records_cap: usize,
     /// Fast-path requests outstanding at once; more are not sent.
     pub pending_fast_path_cap: usize,
+    /// Standing options (leasing mode): the share, in thousandths, of each window's
+    /// leasable allowance the fleet's nodes may take unasked
+    /// (`credit_sizing::standing_total`); 0 turns them off. The fold owners must use
+    /// the same value.
+    pub standing_permille: u64,
 }
 
 impl NodeConfig {
@@ -132,6 +139,7 @@ impl NodeConfig {
             closed_reports: 2,
             records_cap: 400_000,
             pending_fast_path_cap: 4_096,
+            standing_permille: 500,
         }
     }
 
@@ -210,6 +218,10 @@ pub struct NodeStats {
     pub keys_visited_for_decisions: u64,
     /// C8: full reports of a shard sent (`ShardLink::full_report_owed`).
     pub full_reports_sent: u64,
+    /// Standing options booked (taken by a request or by this reconciler).
+    pub standing_taken: u64,
+    /// A standing option of one key-window taken a second time (see `book_standing`).
+    pub standing_retaken: u64,
 }
 
 /// One node epoch's reconciler.
@@ -276,6 +288,17 @@ impl NodeLimiter {
             .collect();
         let log = ChangeLog::new(config.records_cap);
         surface.publish_round(0, now.wall_ms, now.wall_ms + u64::from(config.round_ms));
+        if config.mode == Mode::Leasing && config.standing_permille > 0 {
+            surface.set_standing_rule(crate::surface::StandingRule {
+                node: config.node.0,
+                fleet_size: config.fleet_size,
+                reserve_permille: config.reserve_permille,
+                standing_permille: config.standing_permille,
+                // C9: an epoch is its start in wall ms (the runtimes and the simulator
+                // make it so), which the owner can read off every line as well.
+                epoch_start_wall_ms: epoch.0,
+            });
+        }
         let limiter = Self {
             config,
             surface,
@@ -372,6 +395,9 @@ impl NodeLimiter {
         }
         self.records_len += 1;
         self.log.note(kw);
+        let option = self
+            .standing_rule()
+            .is_some_and(|r| r.entitled(kw.key, kw.window));
         self.keys.entry(kw.key).or_default().records.push((
             kw.window,
             WindowRecord {
@@ -381,6 +407,9 @@ impl NodeLimiter {
                 allowance,
                 applied_grant: 0,
                 self_granted,
+                standing: 0,
+                option,
+                declined: false,
                 returned: 0,
                 owner_epoch: OwnerEpoch(0),
                 grant_seq: 0,

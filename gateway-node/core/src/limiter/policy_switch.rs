@@ -31,7 +31,7 @@ impl NodeLimiter {
     /// Returns how many keys switched.
     pub fn handle_policy(
         &mut self,
-        _now: Now,
+        now: Now,
         version: u64,
         resolve: impl Fn(&KeyId) -> Option<KeyPolicy>,
     ) -> usize {
@@ -46,6 +46,14 @@ impl NodeLimiter {
         // Rare: the next round visits every key rather than work out whose schedule
         // the switch moved.
         self.visit_all = true;
+        // A window a request opened since the last round has no record yet: booked now,
+        // it moves with the others instead of staying behind in the old bucket.
+        let surface = std::sync::Arc::clone(&self.surface);
+        for (key, _) in &changed {
+            if let Some(bucket) = surface.get(key) {
+                self.adopt_opened(now, *key, &bucket);
+            }
+        }
         let mut moves = self.records_to_move(&changed);
         let mut switched = 0;
         for (key, policy) in changed {

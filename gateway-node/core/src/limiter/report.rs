@@ -42,6 +42,17 @@ impl NodeLimiter {
             return;
         };
         let demands = state.demands(round);
+        // Per plan slot: every record of it quiet (`quiet_standing`), or a busy window
+        // makes its neighbour report too.
+        let mut quiet = [true; bus_schemas::limits::PLAN_WINDOWS_MAX];
+        for (window, rec) in state.records.iter() {
+            let kw = KeyWindow {
+                key: *key,
+                window: *window,
+            };
+            let spend = line_of(bucket, 0, &kw, rec).cumulative_spend;
+            quiet[usize::from(rec.slot)] &= rec.quiet_standing(spend);
+        }
         for (window, rec) in state.records.iter_mut() {
             let kw = KeyWindow {
                 key: *key,
@@ -56,7 +67,10 @@ impl NodeLimiter {
             };
             let closed = matches!(rec.place, Place::Closed { .. });
             let shard = rec.shard as usize;
-            let due = if links[shard].full_report_now {
+            let due = if quiet[usize::from(rec.slot)] && rec.quiet_standing(line.cumulative_spend) {
+                // The owner counts the option as taken (see `quiet_standing`).
+                false
+            } else if links[shard].full_report_now {
                 true
             } else if closed {
                 rec.closed_reports_sent < config.closed_reports
@@ -153,5 +167,6 @@ pub(super) fn line_of(
         applied_grant: rec.applied_grant,
         returned: rec.returned,
         self_granted: rec.self_granted,
+        standing_option: rec.option_settled(),
     }
 }

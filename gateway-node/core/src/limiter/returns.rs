@@ -139,7 +139,9 @@ impl NodeLimiter {
         let Some(rec) = self.record_mut(&kw) else {
             return;
         };
-        if rec.place != Place::Live {
+        if rec.place != Place::Live || (rec.standing > 0 && rec.grant_seq == 0) {
+            // Standing credit stays until the owner addresses the key-window: handed
+            // back, it would be a report line per request and a grant to undo it.
             return;
         }
         let keep = match keep {

@@ -62,7 +62,12 @@ impl NodeLimiter {
         let mut per_shard: Vec<Vec<ReportEntry>> = vec![Vec::new(); self.config.shards as usize];
         for key in &visit {
             let bucket = surface.get(key);
+            if let Some(bucket) = bucket.as_deref() {
+                // Before closing: a window a request opened may have just ended.
+                self.adopt_opened(now, *key, bucket);
+            }
             self.close_ended_windows(now, key, bucket.as_deref());
+            surface.prune_declined(*key, now.wall_ms);
             if let Some(bucket) = bucket.as_deref() {
                 self.scan_key(now, *key, bucket);
             }
@@ -319,9 +324,12 @@ impl NodeLimiter {
 
     /// Make `kw`'s record if it has none and move its credit into its word.
     fn place(&mut self, now: Now, bucket: &KeyBucket, kw: KeyWindow, slot: usize, limit: u64) {
+        let fresh = !self.has_record(&kw);
         if !self.ensure_record(now, kw, slot, limit) {
             // The cap refused it: try again next round, as a pass over every key would.
             self.mark_dirty(kw.key);
+        } else if fresh {
+            self.take_option(bucket, kw, slot);
         }
         self.install(kw.key, bucket, kw);
     }

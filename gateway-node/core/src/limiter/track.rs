@@ -48,6 +48,12 @@ pub(super) struct WindowRecord {
     pub(super) allowance: u64,
     pub(super) applied_grant: u64,
     pub(super) self_granted: u64,
+    /// Standing credit taken (within `self_granted`, see `standing`).
+    pub(super) standing: u64,
+    /// This node epoch holds the node's standing option of the key-window.
+    pub(super) option: bool,
+    /// The owner addressed the key-window before the option was taken: it is given up.
+    pub(super) declined: bool,
     pub(super) returned: u64,
     pub(super) owner_epoch: OwnerEpoch,
     pub(super) grant_seq: u64,

@@ -197,7 +197,7 @@ impl KeyBucket {
     }
 
     #[inline]
-    pub(super) fn words(&self, slot: usize) -> &[AtomicU64; 2] {
+    pub(crate) fn words(&self, slot: usize) -> &[AtomicU64; 2] {
         if slot < INLINE_WINDOWS {
             &self.words[slot]
         } else {

@@ -10,6 +10,8 @@
 //! * `bucket`: a key's bucket (the map's key and one cache line) and the map's hasher.
 //! * `decide`: the request path, from `decide` to an admit, a fast path or a 429.
 //! * `backstop`: D8's floor for fail-open admissions.
+//! * `standing`: the standing option a node takes of a window unasked, and the
+//!   windows it declined.
 //!
 //! This module keeps the surface's types, its shared state and what the reconciler
 //! calls on it (rounds, iteration, bucket replacement and eviction).
@@ -17,8 +19,10 @@
 mod backstop;
 mod bucket;
 mod decide;
+mod standing;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use bus_schemas::{KeyId, LimitReason, WindowId};
 use dashmap::DashMap;
@@ -28,6 +32,7 @@ use crate::policy::KeyPolicy;
 pub use backstop::Backstop;
 pub(crate) use bucket::{BucketRef, INLINE_WINDOWS};
 pub use bucket::{KeyBucket, KeyIdHasher, KeyIdHasherBuilder};
+pub use standing::{DECLINED_KEYS_MAX, StandingRule};
 
 /// Why a request was turned away: an outcome, not an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +157,8 @@ pub struct SurfaceStats {
     /// New keys refused a bucket because the map was full of credit-holding buckets.
     pub inserts_refused: AtomicU64,
     pub evictions: AtomicU64,
+    /// Windows a request opened with this node's standing option.
+    pub standing_opened: AtomicU64,
 }
 
 pub struct DecisionSurface {
@@ -163,6 +170,10 @@ pub struct DecisionSurface {
     heartbeat_wall_ms: AtomicU64,
     flags: AtomicU32,
     backstop: Backstop,
+    /// Set once by the node limiter (`standing`).
+    standing: OnceLock<StandingRule>,
+    declined: standing::DeclinedMap,
+    declined_keys: AtomicUsize,
     pub stats: SurfaceStats,
 }
 
@@ -185,6 +196,9 @@ impl DecisionSurface {
             heartbeat_wall_ms: AtomicU64::new(0),
             flags: AtomicU32::new(0),
             backstop: Backstop::new(),
+            standing: OnceLock::new(),
+            declined: standing::DeclinedMap::with_hasher(KeyIdHasherBuilder),
+            declined_keys: AtomicUsize::new(0),
             stats: SurfaceStats::default(),
         }
     }

@@ -87,7 +87,7 @@ impl Sim {
             let Some(l) = n.limiter.as_ref() else {
                 continue;
             };
-            l.for_each_line(|line| {
+            l.for_each_truth_line(|line| {
                 let t = walk
                     .entry(line.key_window)
                     .or_insert((0, 0, line.allowance));
@@ -159,7 +159,7 @@ impl Sim {
     pub(super) fn retire_lines(&mut self, old: &NodeLimiter, t_ms: u64) {
         let mut touched = Vec::new();
         let (dead, truth) = (&mut self.dead_spend, &mut self.truth);
-        old.for_each_line(|line| {
+        old.for_each_truth_line(|line| {
             let kw = line.key_window;
             // Its live part is what it last counted: only decisions came since.
             truth_move(
