@@ -538,8 +538,9 @@ pub(crate) struct Decided {
 
 /// One decision and its latency in nanoseconds, timed inside the future that makes it:
 /// from the decide call to the poll that finds the decision made. A driver that keeps
-/// many requests in flight must poll each as soon as it is woken (as `scenario`'s does),
-/// or its own delay is counted as the limiter's.
+/// many requests in flight must have each polled as soon as it is woken (`scenario`'s
+/// gives each one that waits a task of its own), or its own delay is counted as the
+/// limiter's.
 pub(crate) async fn timed_decide(
     node: &NodeBus,
     key: KeyId,

@@ -4,11 +4,11 @@
 //! each request is decided by its node's runtime in real time and booked against the
 //! exact oracle (`RunBooks`). Keys are named by their ids only.
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bus_schemas::{KeyId, WindowSpec};
@@ -101,14 +101,22 @@ pub const MAX_IN_FLIGHT: usize = 256;
 /// that falls behind sends fewer requests, never a longer run: it stops at `plan.run`.
 /// `at` is called every tick with the elapsed time (drills hook in there).
 ///
-/// Requests are sent without waiting for each other: one admitted or denied from what its
-/// node holds is decided in the call that sends it (a read of the decision surface); one
-/// that needs a fast path is left in flight (at most `MAX_IN_FLIGHT`) and polled as soon
-/// as it is woken, so its latency, timed inside its own future, is the fast path's and not
-/// the wait for the driver's next tick. Decisions are booked as they complete, in any
+/// The driver sends in order and never waits on a decision: each request's decision is
+/// polled once in the call that sends it, which decides every request its node holds
+/// credit for (a read of the decision surface) and books it at once. One that needs a
+/// fast path (its own, or a join of the one in flight for its key) is handed to a tokio
+/// task of its own, as the gateway gives each request (at most `MAX_IN_FLIGHT`), and
+/// reports back when done; its latency is timed inside its future, from the driver's
+/// call to the poll that finds it decided. Decisions are booked as they come back, in any
 /// order, each in the windows of the moment it was sent.
+///
+/// A fast path is not polled by the driver: polled from the driver's future (on
+/// `block_on`'s thread, outside the runtime's workers) its every wake-up had to get that
+/// thread scheduled again, and its wait for the limiter's lock (`lock_by` yields) spun
+/// that thread, so on two cores completions were seen 1.5-9 ms late and the late
+/// fast paths, missing D5's deadline, were asked again.
 pub async fn drive_scenario(
-    nodes: &[NodeBus],
+    nodes: &Arc<Vec<NodeBus>>,
     windows: &[WindowSpec],
     plan: &ScenarioPlan,
     clock: &Clock,
@@ -121,204 +129,80 @@ pub async fn drive_scenario(
     );
     let mut driver = Driver::new(key_ids(plan.keys), windows, clock);
     let mut arrivals = Arrivals::new(plan);
-    let mut in_flight = InFlight::new();
-    let mut done = Vec::new();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut in_flight = 0usize;
     let started = Instant::now();
     let mut every = tokio::time::interval(Duration::from_millis(1));
     let mut t_ms = 0u64;
     while started.elapsed() < plan.run {
-        // Book what completes while waiting for the tick.
-        loop {
-            let ticked = poll_fn(|cx| {
-                in_flight.poll_done(cx, &mut done);
-                if every.poll_tick(cx).is_ready() {
-                    Poll::Ready(true)
-                } else if done.is_empty() {
-                    Poll::Pending
-                } else {
-                    Poll::Ready(false)
-                }
-            })
-            .await;
-            done.drain(..).for_each(|d| driver.book(d));
-            if ticked {
-                break;
-            }
+        every.tick().await;
+        while let Ok(d) = done_rx.try_recv() {
+            in_flight -= 1;
+            driver.book(d);
         }
         at(started.elapsed());
         for &(k, n) in arrivals.at(t_ms) {
-            while in_flight.len() >= MAX_IN_FLIGHT {
-                in_flight.completions(&mut done).await;
-                done.drain(..).for_each(|d| driver.book(d));
+            while in_flight >= MAX_IN_FLIGHT {
+                let d = done_rx.recv().await.expect("the driver holds a sender");
+                in_flight -= 1;
+                driver.book(d);
             }
-            send(&mut driver, &mut in_flight, &nodes[n as usize], k, clock);
+            let node = n as usize;
+            let fast_before = nodes[node].stats.fast_path_requests.load(Ordering::Relaxed);
+            let issued = driver.issue(k, clock);
+            let (key, policy) = driver.key(k);
+            let fleet = Arc::clone(nodes);
+            let decide = Box::pin(async move {
+                let (decision, ns) = timed_decide(&fleet[node], key, policy, issued.at).await;
+                Decided {
+                    issued,
+                    decision,
+                    ns,
+                    // Not decided in the call: it waited on a fast path, its own or one
+                    // it joined.
+                    fast: true,
+                }
+            });
+            match decide_or_spawn(decide, &done_tx) {
+                Some(mut d) => {
+                    // Decided in the call: a fast path only if one was sent and settled at
+                    // once (a missed deadline).
+                    d.fast =
+                        nodes[node].stats.fast_path_requests.load(Ordering::Relaxed) != fast_before;
+                    driver.book(d);
+                }
+                None => in_flight += 1,
+            }
         }
         t_ms += 1;
     }
     // What is still in flight ends by its fast path's deadline.
-    while in_flight.len() > 0 {
-        in_flight.completions(&mut done).await;
-        done.drain(..).for_each(|d| driver.book(d));
+    while in_flight > 0 {
+        let d = done_rx.recv().await.expect("the driver holds a sender");
+        in_flight -= 1;
+        driver.book(d);
     }
     driver.finish(clock)
 }
 
-/// Key `k`'s request to `node`: booked at once if decided in the call, else left in flight.
-fn send<'a>(
-    driver: &mut Driver,
-    in_flight: &mut InFlight<'a, Decided>,
-    node: &'a NodeBus,
-    k: u32,
-    clock: &Clock,
-) {
-    let issued = driver.issue(k, clock);
-    let (key, policy) = driver.key(k);
-    let fast_before = node.stats.fast_path_requests.load(Ordering::Relaxed);
-    let decide = Box::pin(async move {
-        let (decision, ns) = timed_decide(node, key, policy, issued.at).await;
-        // Left in flight: it waited on a fast path, its own or one it joined.
-        Decided {
-            issued,
-            decision,
-            ns,
-            fast: true,
+/// Polls `fut` once in the caller: its output if that poll finished it; else it goes on
+/// as a tokio task of its own, whose first poll picks it up where it stopped, and sends
+/// its output on `done`. The first poll's waker wakes nothing: a future re-checks what it
+/// waits on whenever it is polled, and the task polls it as soon as it is spawned.
+fn decide_or_spawn<T: Send + 'static>(
+    mut fut: Pin<Box<dyn Future<Output = T> + Send>>,
+    done: &tokio::sync::mpsc::UnboundedSender<T>,
+) -> Option<T> {
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => {
+            let done = done.clone();
+            tokio::spawn(async move {
+                // The receiver outlives every task the driver counts in flight.
+                let _ = done.send(fut.await);
+            });
+            None
         }
-    });
-    if let Some(mut d) = in_flight.start(decide) {
-        // Decided in the call: a fast path only if one was sent and settled at once (a
-        // missed deadline).
-        d.fast = node.stats.fast_path_requests.load(Ordering::Relaxed) != fast_before;
-        driver.book(d);
-    }
-}
-
-/// Futures in flight, each polled only when its own waker has fired: a small
-/// `FuturesUnordered` (this crate does not depend on `futures`). A slot's waker queues the
-/// slot's index and wakes the driver, which polls the queued slots and no others.
-struct InFlight<'a, T> {
-    slots: Vec<Option<Pin<Box<dyn Future<Output = T> + 'a>>>>,
-    /// One waker per slot, made when the slot is first used and kept for its reuse.
-    wakers: Vec<Waker>,
-    free: Vec<usize>,
-    woken: Arc<Woken>,
-    /// The woken slots taken from `woken`, reused so polling allocates nothing.
-    scratch: Vec<usize>,
-    len: usize,
-}
-
-#[derive(Default)]
-struct Woken {
-    slots: Mutex<Vec<usize>>,
-    driver: Mutex<Option<Waker>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-struct SlotWaker {
-    slot: usize,
-    woken: Arc<Woken>,
-}
-
-impl Wake for SlotWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        lock(&self.woken.slots).push(self.slot);
-        if let Some(driver) = lock(&self.woken.driver).as_ref() {
-            driver.wake_by_ref();
-        }
-    }
-}
-
-impl<'a, T> InFlight<'a, T> {
-    fn new() -> Self {
-        Self {
-            slots: Vec::new(),
-            wakers: Vec::new(),
-            free: Vec::new(),
-            woken: Arc::default(),
-            scratch: Vec::new(),
-            len: 0,
-        }
-    }
-
-    /// How many are in flight.
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Polls `fut` once with the waker of the slot it would wait in: its output if that
-    /// poll finished it, else `None` and it waits in the slot. A stale wake of a reused
-    /// slot only costs its new occupant a spurious poll.
-    fn start(&mut self, mut fut: Pin<Box<dyn Future<Output = T> + 'a>>) -> Option<T> {
-        let slot = self.free.pop().unwrap_or_else(|| {
-            let slot = self.slots.len();
-            self.slots.push(None);
-            self.wakers.push(Waker::from(Arc::new(SlotWaker {
-                slot,
-                woken: Arc::clone(&self.woken),
-            })));
-            slot
-        });
-        match fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&self.wakers[slot]))
-        {
-            Poll::Ready(out) => {
-                self.free.push(slot);
-                Some(out)
-            }
-            Poll::Pending => {
-                self.slots[slot] = Some(fut);
-                self.len += 1;
-                None
-            }
-        }
-    }
-
-    /// Polls every slot woken since the last call, pushing what finished to `done`; `cx`'s
-    /// task is woken when another slot is.
-    fn poll_done(&mut self, cx: &mut Context<'_>, done: &mut Vec<T>) {
-        {
-            // Registered before the queue is taken, so a wake in between is not lost.
-            let mut driver = lock(&self.woken.driver);
-            if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *driver = Some(cx.waker().clone());
-            }
-        }
-        self.scratch.clear();
-        std::mem::swap(&mut *lock(&self.woken.slots), &mut self.scratch);
-        for &slot in &self.scratch {
-            let Some(fut) = self.slots[slot].as_mut() else {
-                continue;
-            };
-            if let Poll::Ready(out) = fut
-                .as_mut()
-                .poll(&mut Context::from_waker(&self.wakers[slot]))
-            {
-                self.slots[slot] = None;
-                self.free.push(slot);
-                self.len -= 1;
-                done.push(out);
-            }
-        }
-    }
-
-    /// Waits until at least one in flight has finished (pushed to `done`).
-    async fn completions(&mut self, done: &mut Vec<T>) {
-        poll_fn(|cx| {
-            self.poll_done(cx, done);
-            if done.is_empty() {
-                Poll::Pending
-            } else {
-                Poll::Ready(())
-            }
-        })
-        .await;
     }
 }
 
@@ -408,11 +292,11 @@ mod tests {
         }
     }
 
-    /// Ready at once, or after its oneshot fires: decided in the call or left in flight.
+    /// Ready at once, or after its oneshot fires: decided in the call or spawned.
     fn decide_later(
         v: u32,
         rx: Option<tokio::sync::oneshot::Receiver<()>>,
-    ) -> Pin<Box<dyn Future<Output = u32>>> {
+    ) -> Pin<Box<dyn Future<Output = u32> + Send>> {
         Box::pin(async move {
             if let Some(rx) = rx {
                 rx.await.expect("sender kept");
@@ -421,39 +305,35 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn in_flight_returns_ready_ones_at_once_and_the_rest_as_woken() {
-        let mut f = InFlight::new();
-        assert_eq!(f.start(decide_later(1, None)), Some(1));
-        assert_eq!(f.len(), 0);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ready_ones_come_back_at_once_and_the_rest_when_done() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        assert_eq!(decide_or_spawn(decide_later(1, None), &tx), Some(1));
         let mut senders = Vec::new();
         for v in 10..13 {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            assert_eq!(f.start(decide_later(v, Some(rx))), None);
-            senders.push(tx);
+            let (s, r) = tokio::sync::oneshot::channel();
+            assert_eq!(decide_or_spawn(decide_later(v, Some(r)), &tx), None);
+            senders.push(s);
         }
-        // A slot freed by a ready future is reused; parked ones keep theirs.
-        assert_eq!(f.start(decide_later(2, None)), Some(2));
-        assert_eq!(f.len(), 3);
-        let mut done = Vec::new();
+        assert!(rx.try_recv().is_err(), "nothing done yet");
         senders.remove(1).send(()).unwrap();
-        f.completions(&mut done).await;
-        assert_eq!(done, vec![11]);
-        for tx in senders.drain(..) {
-            tx.send(()).unwrap();
+        assert_eq!(rx.recv().await, Some(11));
+        // Fired from another thread, even before the spawned task first polls.
+        let (s, r) = tokio::sync::oneshot::channel();
+        s.send(()).unwrap();
+        assert_eq!(decide_or_spawn(decide_later(7, Some(r)), &tx), Some(7));
+        let (s, r) = tokio::sync::oneshot::channel();
+        assert_eq!(decide_or_spawn(decide_later(8, Some(r)), &tx), None);
+        std::thread::spawn(move || s.send(()).unwrap());
+        for s in senders.drain(..) {
+            s.send(()).unwrap();
         }
-        while f.len() > 0 {
-            f.completions(&mut done).await;
+        let mut got: Vec<u32> = Vec::new();
+        for _ in 0..3 {
+            got.push(rx.recv().await.unwrap());
         }
-        done.sort_unstable();
-        assert_eq!(done, vec![10, 11, 12]);
-        // Wakes from another thread reach the driver too.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        assert_eq!(f.start(decide_later(7, Some(rx))), None);
-        std::thread::spawn(move || tx.send(()).unwrap());
-        done.clear();
-        f.completions(&mut done).await;
-        assert_eq!(done, vec![7]);
+        got.sort_unstable();
+        assert_eq!(got, vec![8, 10, 12]);
     }
 
     #[test]
