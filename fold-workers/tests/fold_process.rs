@@ -111,6 +111,8 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
         Command::new(env!("CARGO_BIN_EXE_foldgate-fold"))
             .args(["--nats", &url, "--name", "w0", "--lease-ms", "500"])
             .args(["--shards", &SHARDS.to_string(), "--fleet", "1"])
+            // This test's node is a script that takes no standing option.
+            .args(["--standing-permille", "0"])
             .arg("--nats-ca-file")
             .arg(pki.ca())
             .arg("--nats-cert-file")

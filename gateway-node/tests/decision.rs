@@ -563,7 +563,11 @@ fn a_fast_path_advertises_the_requests_of_the_round_so_far() {
     let mut run = WindowRun::new(
         k,
         40,
-        gateway_node::NodeConfig::reference(bus_schemas::NodeId(0)),
+        gateway_node::NodeConfig {
+            // The demand-driven protocol itself, without standing options.
+            standing_permille: 0,
+            ..gateway_node::NodeConfig::reference(bus_schemas::NodeId(0))
+        },
     );
     let start = run.end_ms - 1_000;
     // One request makes the key known (its fast path unanswered), a round tracks it, and
@@ -655,6 +659,8 @@ fn eviction_spares_a_key_whose_fast_path_is_in_flight() {
         NodeConfig {
             fleet_size: 1,
             shards: 1,
+            // The demand-driven protocol itself, without standing options.
+            standing_permille: 0,
             ..NodeConfig::reference(bus_schemas::NodeId(0))
         },
         surface.clone(),

@@ -19,6 +19,8 @@ fn a_node_with_a_small_share_of_a_key_hands_its_idle_credit_back_sooner() {
             idle_return_rounds_thin: 4,
             // Only the idle return moves credit here.
             rest_return: false,
+            // The demand-driven protocol itself, without standing options.
+            standing_permille: 0,
             ..gateway_node::NodeConfig::reference(bus_schemas::NodeId(0))
         };
         let mut run = WindowRun::new(key(21), limit, config);

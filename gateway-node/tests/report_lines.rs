@@ -92,6 +92,8 @@ fn credit_a_window_cannot_spend_before_its_end_goes_back() {
             idle_return_rounds: u32::MAX,
             idle_return_rounds_thin: u32::MAX,
             idle_return_rounds_min: u32::MAX,
+            // The demand-driven protocol itself, without standing options.
+            standing_permille: 0,
             ..gateway_node::NodeConfig::reference(bus_schemas::NodeId(0))
         };
         // Where the test reads what was kept, and what the keep rule allows then at a

@@ -29,6 +29,8 @@ pub fn fixed_node(windows: &[WindowSpec], bucket_cap: usize) -> (NodeLimiter, Ke
         fleet_size: 1,
         shards: 1,
         mode: Mode::Fixed,
+        // The demand-driven protocol itself, without standing options.
+        standing_permille: 0,
         ..NodeConfig::reference(NodeId(0))
     };
     let limiter = NodeLimiter::new(config, surface, NodeEpoch(1), T0);
@@ -40,6 +42,8 @@ pub fn leasing_node(shards: u32) -> NodeLimiter {
     let config = NodeConfig {
         fleet_size: 1,
         shards,
+        // The demand-driven protocol itself, without standing options.
+        standing_permille: 0,
         ..NodeConfig::reference(NodeId(0))
     };
     NodeLimiter::new(config, surface, NodeEpoch(1), T0)

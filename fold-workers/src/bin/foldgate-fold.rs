@@ -25,6 +25,10 @@ struct Args {
     /// Gateway nodes in the fleet (the takeover fence waits for all of them).
     #[arg(long, default_value_t = 20)]
     fleet: u32,
+    /// Standing options: per mille of each window's leasable allowance the nodes take
+    /// unasked (0: off). Must equal the nodes' `standing_permille`.
+    #[arg(long, default_value_t = OwnerConfig::reference(ShardId(0)).standing_permille)]
+    standing_permille: u64,
     /// Lease lifetime, ms; renewed every quarter of it.
     #[arg(long, default_value_t = 500)]
     lease_ms: u64,
@@ -88,6 +92,7 @@ async fn main() -> Result<()> {
         ));
     }
     let (shards, fleet) = (args.shards, args.fleet);
+    let standing_permille = args.standing_permille.min(1_000);
     let takeover_ack_timeout_ms = Some(args.takeover_ack_timeout_ms);
     let lease = LeaseConfig {
         ttl: Duration::from_millis(args.lease_ms),
@@ -106,6 +111,7 @@ async fn main() -> Result<()> {
             shards,
             fleet_size: fleet,
             takeover_ack_timeout_ms,
+            standing_permille,
             ..OwnerConfig::reference(ShardId(s))
         },
         clock,

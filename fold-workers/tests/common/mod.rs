@@ -24,6 +24,8 @@ pub fn config(fleet_size: u32) -> OwnerConfig {
     OwnerConfig {
         shards: 1,
         fleet_size,
+        // The demand-driven protocol itself, without standing options.
+        standing_permille: 0,
         ..OwnerConfig::reference(ShardId(0))
     }
 }

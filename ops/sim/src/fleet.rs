@@ -165,6 +165,8 @@ fn node_config(cfg: &SimConfig, i: u32) -> NodeConfig {
         standing_permille: cfg
             .standing_permille
             .unwrap_or(NodeConfig::reference(NodeId(i)).standing_permille),
+        // Every decision goes through `decide_leasing`, which says so.
+        decisions_hinted: true,
         ..NodeConfig::reference(NodeId(i))
     }
 }
@@ -533,6 +535,7 @@ impl Sim {
         };
         let surface = Arc::clone(limiter.surface());
         let mut d = surface.decide(key, now.wall_ms, &self.policy);
+        limiter.note_decision(key);
         if let Decision::FastPath(need) = d {
             self.counts.fast_path += 1;
             limiter.handle_fast_path_need(now, need);

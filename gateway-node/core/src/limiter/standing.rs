@@ -45,6 +45,16 @@ impl NodeLimiter {
         if self.standing_rule().is_none() {
             return;
         }
+        // Only a decision opens a window: a key with none since its last visit has none.
+        let attempts = bucket.attempts.load(std::sync::atomic::Ordering::Relaxed);
+        let last = self
+            .keys
+            .get(&key)
+            .and_then(|s| s.track.as_ref())
+            .map(|t| t.last_attempts);
+        if last == Some(attempts) {
+            return;
+        }
         for (slot, spec) in bucket.policy().windows().iter().enumerate() {
             let current = window_at(key, spec.length_ms, now.wall_ms);
             for number in [current.number, current.number.saturating_sub(1)] {
@@ -204,6 +214,12 @@ impl WindowRecord {
     /// sum counts above the allowance.
     pub(super) fn self_granted_beyond_option(&self) -> u64 {
         self.self_granted - self.standing
+    }
+
+    /// A standing line never reported and untouched by the owner: what `quiet_standing`
+    /// can keep quiet, as far as a look at the record alone tells.
+    pub(super) fn unreported_standing(&self) -> bool {
+        self.standing > 0 && self.last_reported.is_none() && self.grant_seq == 0
     }
 
     /// A line of standing credit only that nothing has asked about and that is not half

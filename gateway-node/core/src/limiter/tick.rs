@@ -19,7 +19,7 @@ use crate::credit;
 use crate::surface::KeyBucket;
 use crate::window::{next_window, window_at, window_end_ms};
 
-/// Rounds the visit wheel spans: more than any due distance `schedule` sets.
+/// Rounds the visit wheel spans; a key due further ahead waits in `NodeLimiter::far`.
 pub(super) const WHEEL_ROUNDS: u64 = 32;
 
 impl NodeLimiter {
@@ -90,30 +90,39 @@ impl NodeLimiter {
         // in the order (new, or moved by the map's growth) is visited too: a visit is
         // always exact, only skipping one needs a reason.
         let mut moved: Vec<KeyId> = Vec::new();
+        if self.config.decisions_hinted {
+            moved = std::mem::take(&mut self.hinted);
+            moved.sort_unstable();
+            moved.dedup();
+        }
         let mut i = 0;
         let seen = &mut self.attempts_seen;
-        self.surface.for_each_attempts(|bucket, digest, attempts| {
-            let decided = match seen.get_mut(i) {
-                Some(e) if e.0 == digest => {
-                    let changed = e.1 != attempts;
-                    e.1 = attempts;
-                    changed
+        let scan = !self.config.decisions_hinted;
+        self.surface
+            .for_each_attempts_if(scan, |bucket, digest, attempts| {
+                let decided = match seen.get_mut(i) {
+                    Some(e) if e.0 == digest => {
+                        let changed = e.1 != attempts;
+                        e.1 = attempts;
+                        changed
+                    }
+                    Some(e) => {
+                        *e = (digest, attempts);
+                        true
+                    }
+                    None => {
+                        seen.push((digest, attempts));
+                        true
+                    }
+                };
+                if decided {
+                    moved.push(bucket.key());
                 }
-                Some(e) => {
-                    *e = (digest, attempts);
-                    true
-                }
-                None => {
-                    seen.push((digest, attempts));
-                    true
-                }
-            };
-            if decided {
-                moved.push(bucket.key());
-            }
-            i += 1;
-        });
-        seen.truncate(i);
+                i += 1;
+            });
+        if scan {
+            seen.truncate(i);
+        }
         // Stamps a known key so it is taken once; says whether the key was unknown.
         let take = |keys: &mut DetMap<KeyId, KeyState>, key: KeyId, visit: &mut Vec<KeyId>| {
             if let Some(state) = keys.get_mut(&key) {
@@ -131,6 +140,12 @@ impl NodeLimiter {
             take(&mut self.keys, key, &mut visit);
         }
         let slot = (round % WHEEL_ROUNDS) as usize;
+        while let Some(std::cmp::Reverse((due, key))) = self.far.peek().copied()
+            && due <= round
+        {
+            self.far.pop();
+            self.wheel[slot].push(key);
+        }
         for key in std::mem::take(&mut self.wheel[slot]) {
             if self.keys.get(&key).is_some_and(|s| s.due_round == round) {
                 take(&mut self.keys, key, &mut visit);
@@ -373,11 +388,26 @@ impl NodeLimiter {
                 let end = rec.end_ms;
                 due = due
                     .min(at_wall(end))
-                    .min(at_wall(end.saturating_sub(prefetch_ms)))
-                    .min(rec.reported_round + refresh.max(1));
+                    .min(at_wall(end.saturating_sub(prefetch_ms)));
+                // A quiet standing line is not reported, so it has no refresh to wait
+                // for: only a decision (which visits its key) can make it due.
+                if !rec.unreported_standing() {
+                    due = due.min(rec.reported_round + refresh.max(1));
+                }
             }
         }
+        // Quiet standing lines only (or none at all): no credit to hand back (standing
+        // stays put) and no demand band to report, so the quiet rounds need no visit;
+        // the next decision brings one and takes them in. Only with standing options
+        // on: without them a key with no record still wants its next window placed.
+        let all_quiet_standing = self.config.standing_permille > 0
+            && self.config.mode == super::Mode::Leasing
+            && state
+                .records
+                .iter()
+                .all(|(_, r)| r.unreported_standing() && r.place == Place::Live);
         if let Some(track) = state.track.as_ref()
+            && !all_quiet_standing
             && (track.demand_milli.iter().any(|d| *d > 0) || track.idle_rounds <= idle_cap)
         {
             // The wait the key's last visit chose; never longer than the configured one.
@@ -394,10 +424,14 @@ impl NodeLimiter {
             state.due_round = 0;
             return;
         }
-        let due = due.clamp(round + 1, horizon);
+        let due = due.max(round + 1);
         if state.due_round != due {
             state.due_round = due;
-            self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
+            if due > horizon {
+                self.far.push(std::cmp::Reverse((due, *key)));
+            } else {
+                self.wheel[(due % WHEEL_ROUNDS) as usize].push(*key);
+            }
         }
     }
 }
@@ -440,7 +474,9 @@ fn close_record(
 ) -> bool {
     match rec.place {
         Place::Closed { .. } => {
-            if rec.closed_reports_sent < closed_reports {
+            // A quiet standing line sends no final reports (`quiet_standing`): it goes
+            // at the next visit after its close.
+            if rec.closed_reports_sent < closed_reports && !rec.unreported_standing() {
                 return true;
             }
             if let Some(counted) = rec.counted {

@@ -288,7 +288,14 @@ impl DecisionSurface {
     /// Every bucket with its digest and attempt counter, read from its own line: the
     /// reconciler's per-round look for keys with new decisions reads the cold box
     /// (`KeyBucket::key`) only of those it then visits.
-    pub(crate) fn for_each_attempts(&self, mut f: impl FnMut(&KeyBucket, u128, u16)) {
+    pub(crate) fn for_each_attempts_if(
+        &self,
+        scan: bool,
+        mut f: impl FnMut(&KeyBucket, u128, u16),
+    ) {
+        if !scan {
+            return;
+        }
         for entry in self.buckets.iter() {
             let bucket = entry.key();
             f(

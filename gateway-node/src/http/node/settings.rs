@@ -26,6 +26,10 @@ pub struct NodeSettings {
     pub mode: String,
     pub bucket_cap: usize,
     pub degraded_after_ms: u64,
+    /// Standing options (leasing): per mille of each window's leasable allowance the
+    /// fleet's nodes take unasked; 0 turns them off. Every node and fold worker of a
+    /// fleet must use the same value (`foldgate-fold --standing-permille`).
+    pub standing_permille: u64,
     pub backstop_multiple: u64,
     pub hash_key_version: u8,
     pub hash_key_file: Option<PathBuf>,
@@ -68,6 +72,7 @@ impl Default for NodeSettings {
             mode: "leasing".into(),
             bucket_cap: surface.bucket_cap,
             degraded_after_ms: reference.degraded_after_ms,
+            standing_permille: reference.standing_permille,
             backstop_multiple: surface.backstop_multiple,
             hash_key_version: 1,
             hash_key_file: None,
@@ -205,6 +210,7 @@ impl NodeSettings {
             round_ms: self.round_ms,
             mode,
             degraded_after_ms: self.degraded_after_ms,
+            standing_permille: self.standing_permille.min(1_000),
             ..NodeConfig::reference(NodeId(self.node_id))
         })
     }
