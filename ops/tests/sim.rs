@@ -363,3 +363,53 @@ fn what_if_runs_lift_what_they_name_and_say_so() {
         central.replay
     );
 }
+
+/// The reference shape scaled down (issue 26): 20 nodes, keys offered 0.5 requests/s
+/// each, spread over every node, so a node sees a key about once in 40 s. With plans far
+/// above the offered rate and L >= 5N, a decision must stay a memory read: standing options
+/// make the first request of a window at a node an admit, not a fast path. Bounds are the
+/// issue's targets (fast path < 0.5%, no denial of a key under half its limit). With
+/// L < N (10 per second over 20 nodes) the floor is about 51% (ARCHITECTURE.md,
+/// "Standing options"): the bound there guards what is measured today (about 65% and 3%
+/// denials at the full shape), not the issue's target, which is not met.
+#[test]
+fn spread_keys_far_below_their_limit_decide_from_held_credit() {
+    let spread = |limit_1s: u64, limit_60s: u64| SimConfig {
+        keys: 2_000,
+        rate: 1_000,
+        seconds: 5,
+        seed: 7,
+        limit_1s: Some(limit_1s),
+        limit_60s: Some(limit_60s),
+        ..SimConfig::new(Scenario::Uniform, SimMode::Leasing)
+    };
+    let cfg = spread(100, 3_000);
+    let r = report(&cfg, sim::run(&cfg).expect("valid config"));
+    assert_eq!(r.invariant_violations, 0, "{}", r.replay);
+    assert!(
+        r.fast_path_share_pct < 0.5,
+        "L >= 5N: fast path {}% of requests\n  replay: {}",
+        r.fast_path_share_pct,
+        r.replay
+    );
+    assert_eq!(
+        r.denied_under_half_limit, 0,
+        "L >= 5N: a key under half its limit was denied\n  replay: {}",
+        r.replay
+    );
+    let cfg = spread(10, 200);
+    let r = report(&cfg, sim::run(&cfg).expect("valid config"));
+    assert_eq!(r.invariant_violations, 0, "{}", r.replay);
+    assert!(
+        r.fast_path_share_pct < 72.0,
+        "L < N: fast path {}% of requests\n  replay: {}",
+        r.fast_path_share_pct,
+        r.replay
+    );
+    assert!(
+        r.denied_under_half_limit_pct < 5.0,
+        "L < N: {}% of requests denied under half the limit\n  replay: {}",
+        r.denied_under_half_limit_pct,
+        r.replay
+    );
+}
