@@ -118,6 +118,7 @@ impl EmbeddedBus {
                     fleet_size: config.fleet_size,
                     round_ms: config.round_ms,
                     reserve_permille: config.reserve_permille,
+                    standing_permille: config.standing_permille,
                     mode: match config.mode {
                         Mode::Leasing => OwnerMode::Leasing,
                         Mode::Fixed => OwnerMode::Fixed,

@@ -166,7 +166,14 @@ pub async fn start(
     clock: Clock,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Box<dyn NodeRuntime>, RuntimeError> {
-    let config = settings.node_config()?;
+    let mut config = settings.node_config()?;
+    if settings.nats_url.is_empty() {
+        // Embedded: the owners are in this process and a fast path is a function call,
+        // so standing options would buy nothing, and at a start they would cost a
+        // window that began before it half its pool (ARCHITECTURE.md, "Standing
+        // options").
+        config.standing_permille = 0;
+    }
     let surface = Arc::new(DecisionSurface::new(settings.surface_config()));
     // C9: a new epoch at every start; wall milliseconds outgrow any earlier start's.
     let now = clock();
