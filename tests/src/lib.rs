@@ -77,6 +77,9 @@ fn node_config(i: u32, fleet: u32) -> NodeConfig {
     NodeConfig {
         fleet_size: fleet,
         shards: SHARDS,
+        // The demand-driven protocol; standing options' invariants are the simulator's
+        // to check (`ops/tests/sim.rs`, 200 seeds).
+        standing_permille: 0,
         ..NodeConfig::reference(NodeId(i))
     }
 }
@@ -85,6 +88,7 @@ fn owner_config(fleet: u32) -> OwnerConfig {
     OwnerConfig {
         shards: SHARDS,
         fleet_size: fleet,
+        standing_permille: 0,
         ..OwnerConfig::reference(ShardId(0))
     }
 }

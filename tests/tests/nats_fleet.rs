@@ -161,6 +161,8 @@ async fn garbage_unknown_version_oversized_and_replayed_envelopes_change_nothing
     let stats = Arc::new(FoldWorkerStats::default());
     let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
     let (node, client) = one_node(&server.url(), &clock, &stop, |c| {
+        // Grants from the owner, not a standing option, are what this test checks.
+        c.standing_permille = 0;
         // Keep idle credit, so the held figure below only moves if a bad envelope were
         // applied.
         c.idle_return_rounds = u32::MAX;
@@ -599,7 +601,8 @@ async fn a_burst_on_a_short_key_joins_one_fast_path_instead_of_denying() {
     let clock = clock();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let worker = spawn_worker(&url, vec![0], 1, &clock, Arc::default(), &stop).await;
-    let nodes = start_nodes(&url, 1, &clock, &stop).await;
+    // The fast path itself: no standing option to admit the first request.
+    let nodes = start_nodes_with(&url, 1, &clock, &stop, |c| c.standing_permille = 0).await;
     let node = &nodes[0];
     let policy = KeyPolicy::new(
         &[
@@ -698,7 +701,12 @@ async fn a_fast_path_keeps_its_deadline_while_the_tick_holds_the_limiter() {
     let policy = KeyPolicy::new(&windows, 25).unwrap();
     let stats = Arc::new(FoldWorkerStats::default());
     let worker = spawn_worker(&server.url(), vec![0], 1, &clock, Arc::clone(&stats), &stop).await;
-    let node = Arc::new(one_node(&server.url(), &clock, &stop, |_| {}).await.0);
+    // The fast path itself: no standing option to admit the request.
+    let node = Arc::new(
+        one_node(&server.url(), &clock, &stop, |c| c.standing_permille = 0)
+            .await
+            .0,
+    );
     let held = Arc::clone(&node);
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let holder = tokio::task::spawn_blocking(move || {
