@@ -116,7 +116,7 @@ impl DecisionSurface {
         };
         match charged {
             Ok(()) => Decision::Admit,
-            Err(first_short) => self.short(
+            Err(first_short) => self.deny_or_fast_path(
                 bucket,
                 key,
                 wall_ms,
@@ -126,40 +126,6 @@ impl DecisionSurface {
                 deadline_missed,
             ),
         }
-    }
-
-    /// A window was short: open the windows this node holds a standing option for and
-    /// charge again (the first request of a window here, `standing`), else ask the
-    /// owner or deny.
-    #[cold]
-    #[allow(clippy::too_many_arguments)]
-    fn short(
-        &self,
-        bucket: &KeyBucket,
-        key: KeyId,
-        wall_ms: u64,
-        flags: u32,
-        first_short: usize,
-        fast_path_allowed: bool,
-        deadline_missed: bool,
-    ) -> Decision {
-        let first_short = if self.open_standing(bucket, key, wall_ms) {
-            match Self::charge_general(bucket, key, wall_ms) {
-                Ok(()) => return Decision::Admit,
-                Err(i) => i,
-            }
-        } else {
-            first_short
-        };
-        self.deny_or_fast_path(
-            bucket,
-            key,
-            wall_ms,
-            flags,
-            first_short,
-            fast_path_allowed,
-            deadline_missed,
-        )
     }
 
     /// The common path: the caller's policy names the bucket's one or two windows
@@ -224,9 +190,9 @@ impl DecisionSurface {
         Ok(())
     }
 
-    /// A window was short: ask the owner (D5's one fast path per key per round), join a
-    /// fast path already in flight, or deny with the wait to the latest boundary that
-    /// could deny a retry (D6).
+    /// A window was short: open a standing option, ask the owner (D5's one fast path per
+    /// key per round), join a fast path already in flight, or deny with the wait to the
+    /// latest boundary that could deny a retry (D6).
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn deny_or_fast_path(
@@ -239,6 +205,16 @@ impl DecisionSurface {
         fast_path_allowed: bool,
         deadline_missed: bool,
     ) -> Decision {
+        // The first request of a window here: open the windows this node holds a
+        // standing option for, and charge again (`standing`).
+        let first_short = if self.open_standing(bucket, key, wall_ms) {
+            match Self::charge_general(bucket, key, wall_ms) {
+                Ok(()) => return Decision::Admit,
+                Err(i) => i,
+            }
+        } else {
+            first_short
+        };
         let shortfall = self.look_at_windows(bucket, key, wall_ms);
         Self::count_demand(bucket, &shortfall, first_short);
         // When the longest short window is one the owner declared exhausted, it denies
