@@ -127,6 +127,10 @@ pub(super) struct Ledger {
     pub(super) option_rotation: u32,
     /// When the owner last recalled this key-window's unsettled options (`options`).
     pub(super) recalled_at_ms: Option<u64>,
+    /// A node that already held two units or more of this key-window wanted more than
+    /// the pool had while options were out: the key concentrates, and its next window's
+    /// options are asked back before most nodes would take them (`options`).
+    pub(super) concentrated: bool,
 }
 
 impl Ledger {
@@ -142,6 +146,7 @@ impl Ledger {
             option_allowance: reported_allowance,
             option_rotation: rotation,
             recalled_at_ms: None,
+            concentrated: false,
         }
     }
 

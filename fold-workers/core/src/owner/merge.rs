@@ -84,10 +84,10 @@ impl FoldOwner {
             }
         };
         if ledger.lines.0.is_empty() && self.recalled_last_window(&kw) {
-            // The key ran short of its pool with options out in the window before: it
-            // is concentrated or near its limit, so its options are asked back before
+            // The key concentrated in the window before (a node holding two units
+            // wanted more than the pool had): all its options are asked back before
             // most nodes would take them (`options`).
-            self.want_recall(now, kw);
+            self.want_recall(now, kw, true);
         }
         let ledger = self.ledgers.get_mut(&kw).expect("made above");
         if let Some(allowance) = known {

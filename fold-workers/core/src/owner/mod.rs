@@ -272,7 +272,7 @@ pub struct FoldOwner {
     policy: Option<std::sync::Arc<OwnerPolicy>>,
     /// Key-windows to recall options of at the end of the step (`options`), at most
     /// `options::RECALL_QUEUE_MAX`.
-    recall_queue: Vec<KeyWindow>,
+    recall_queue: Vec<(KeyWindow, u32)>,
 }
 
 impl FoldOwner {
@@ -430,7 +430,7 @@ impl FoldOwner {
                     reply(FastPathOutcome::Granted(g))
                 }
                 None => {
-                    self.want_recall(now, req.entry.key_window);
+                    self.want_recall(now, req.entry.key_window, false);
                     let exhausted = self.pool_exhausted(&req.entry.key_window);
                     reply(FastPathOutcome::Refused { exhausted })
                 }

@@ -4,13 +4,14 @@
 //! (`Ledger::unsettled_options`). A node settles its option in a report line that says
 //! `standing_option`: its `self_granted` is then all it took.
 //!
-//! When a key-window's lines want more than its pool holds while options are still
-//! unsettled (a key that concentrates on a few nodes), the owner recalls them: it sends
-//! every node it knows and has not heard from a grant of nothing for the key-window. A
-//! node that gets a grant for a key-window gives its option up (or hands back what it
-//! holds of it, as any credit), and its next report settles it. So a key far below its
-//! limit costs the bus nothing per window, and a concentrated one gets its allowance
-//! back within a few rounds.
+//! When a key-window's pool runs dry while options are still unsettled, the owner
+//! recalls some: it sends a node it knows and has not heard from a grant of nothing for
+//! the key-window. A node that gets a grant for a key-window gives its option up (or
+//! hands back what it holds of it, as any credit), and its next report settles it. A key
+//! spread thin loses two options (`LOW_WATER_RECALL`); one that concentrates on a few
+//! nodes (`Ledger::concentrated`) loses all of them, in this window and the next. So a
+//! key far below its limit costs the bus nothing per window, and a concentrated one gets
+//! its allowance back within a few rounds.
 
 use bus_schemas::{KeyWindow, NodeId, Now};
 use credit_sizing::{standing_rotation, standing_share, standing_total};
@@ -21,6 +22,11 @@ use super::{FoldOwner, OwnerConfig, OwnerMode};
 /// Rounds between two recalls of one key-window while its options stay unsettled (a
 /// recall or its answer may be lost).
 const RECALL_EVERY_ROUNDS: u64 = 4;
+
+/// Options a low-water recall asks back (`FoldOwner::size_grant`): a key spread thin
+/// far below its limit misses at most a request or two a window, and an option asked
+/// back is one its holder no longer finds there. Two: one of them may already be spent.
+pub(super) const LOW_WATER_RECALL: u32 = 2;
 
 /// Key-windows waiting for their recall at the end of a step, at most.
 pub(super) const RECALL_QUEUE_MAX: usize = 4_096;
@@ -88,8 +94,9 @@ impl Ledger {
 
 impl FoldOwner {
     /// Queue `kw` for a recall at the end of this step, if it has options unsettled and
-    /// none was sent lately.
-    pub(super) fn want_recall(&mut self, now: Now, kw: KeyWindow) {
+    /// none was sent lately: of every unsettled option with `all` or when the key
+    /// concentrates, else of `LOW_WATER_RECALL` of them.
+    pub(super) fn want_recall(&mut self, now: Now, kw: KeyWindow, all: bool) {
         let every_ms = RECALL_EVERY_ROUNDS * self.round_ms();
         let config = &self.config;
         let Some(ledger) = self.ledgers.get_mut(&kw) else {
@@ -104,7 +111,12 @@ impl FoldOwner {
             return;
         }
         ledger.recalled_at_ms = Some(now.wall_ms);
-        self.recall_queue.push(kw);
+        let nodes = if all || ledger.concentrated {
+            u32::MAX
+        } else {
+            LOW_WATER_RECALL
+        };
+        self.recall_queue.push((kw, nodes));
     }
 
     /// Whether the window before `kw` (same key and length) had its options recalled.
@@ -116,9 +128,7 @@ impl FoldOwner {
                 number: kw.window.number.wrapping_sub(1),
             },
         };
-        self.ledgers
-            .get(&previous)
-            .is_some_and(|l| l.recalled_at_ms.is_some())
+        self.ledgers.get(&previous).is_some_and(|l| l.concentrated)
     }
 
     /// The queued recalls: a grant of nothing to each known node whose option of the
@@ -129,9 +139,16 @@ impl FoldOwner {
         }
         let queue = std::mem::take(&mut self.recall_queue);
         let mut per_node = super::lanes::PerNode::default();
-        for kw in queue {
-            for node in 0..self.config.fleet_size {
-                let node = NodeId(node);
+        for (kw, mut left) in queue {
+            // From the rotation on, so a partial recall asks back a different option
+            // each window rather than always node 0's.
+            let start = self.ledgers.get(&kw).map_or(0, |l| l.option_rotation);
+            let fleet = self.config.fleet_size;
+            for i in 0..fleet {
+                if left == 0 {
+                    break;
+                }
+                let node = NodeId((start + i) % fleet);
                 let Some(epoch) = self.node_epoch(node) else {
                     continue;
                 };
@@ -158,6 +175,7 @@ impl FoldOwner {
                 let (line, _) = ledger.lines.get_or_insert((node, epoch));
                 per_node.add(node, line.issue(kw, epoch, 0, false));
                 self.stats.recalls += 1;
+                left -= 1;
             }
         }
         self.send_batches(per_node);

@@ -257,7 +257,14 @@ impl FoldOwner {
         let grant = fair_split(want, wants.total(config, ledger).max(want), available);
         if grant < want {
             // Short while nodes may hold options they do not use: ask for them back.
-            self.want_recall(now, kw);
+            if line.issued() + line.self_granted >= 2 {
+                ledger.concentrated = true;
+            }
+            self.want_recall(now, kw, false);
+        } else if grant == available {
+            // The pool's last unit goes: the next miss would find nothing while options
+            // may lie unused, so a few are asked back now, not at that miss.
+            self.want_recall(now, kw, false);
         }
         if grant == 0 {
             return None;
