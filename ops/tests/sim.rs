@@ -370,9 +370,10 @@ fn what_if_runs_lift_what_they_name_and_say_so() {
 /// make the first request of a window at a node an admit, not a fast path. Bounds are the
 /// issue's targets (fast path < 0.5%, no denial of a key under half its limit). With
 /// L < N (10 per second over 20 nodes) the floor is about 51% (ARCHITECTURE.md,
-/// "Standing options"): the fast path is held within 1.2x of it (about 58% here), and the
-/// denial bound guards what is measured today (1.0-1.5% at seeds 7-9), not the issue's
-/// 0.1%, which is not met.
+/// "Standing options"): the fast path is held within 1.2x of it (about 57% here), and a
+/// refused fast path for a key far below its limit is a loan, not a 429 ("Loans"). The
+/// denial bound guards today's 0.54% (fast paths past D5's deadline, still 429s), not
+/// the 0.1%, which is not met.
 #[test]
 fn spread_keys_far_below_their_limit_decide_from_held_credit() {
     let spread = |limit_1s: u64, limit_60s: u64| SimConfig {
@@ -401,6 +402,7 @@ fn spread_keys_far_below_their_limit_decide_from_held_credit() {
     let cfg = spread(10, 200);
     let r = report(&cfg, sim::run(&cfg).expect("valid config"));
     assert_eq!(r.invariant_violations, 0, "{}", r.replay);
+    assert_eq!(r.over_admission_pct_max, 0.0, "{}", r.replay);
     assert!(
         r.fast_path_share_pct < 61.2,
         "L < N: fast path {}% of requests\n  replay: {}",
@@ -408,7 +410,7 @@ fn spread_keys_far_below_their_limit_decide_from_held_credit() {
         r.replay
     );
     assert!(
-        r.denied_under_half_limit_pct < 2.0,
+        r.denied_under_half_limit_pct < 1.0,
         "L < N: {}% of requests denied under half the limit\n  replay: {}",
         r.denied_under_half_limit_pct,
         r.replay

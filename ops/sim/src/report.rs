@@ -26,6 +26,9 @@ pub struct Counts {
     pub fast_path: u64,
     pub fast_path_deadline_missed: u64,
     pub self_grants: u64,
+    /// Requests admitted on a deadline loan (a fast path past D5's deadline, booked as a
+    /// self-grant: `DecisionSurface::lend`).
+    pub deadline_loans: u64,
     pub degraded_node_rounds: u64,
     pub owner_changes: u64,
     pub node_restarts: u64,
@@ -57,6 +60,7 @@ impl Counts {
         self.fast_path += o.fast_path;
         self.fast_path_deadline_missed += o.fast_path_deadline_missed;
         self.self_grants += o.self_grants;
+        self.deadline_loans += o.deadline_loans;
         self.degraded_node_rounds += o.degraded_node_rounds;
         self.owner_changes += o.owner_changes;
         self.node_restarts += o.node_restarts;

@@ -14,7 +14,7 @@ use super::links::LinkHealth;
 use super::track::Place;
 use super::{NodeLimiter, Transmit};
 use crate::credit;
-use crate::surface::FastPathNeed;
+use crate::surface::{FastPathNeed, KeyBucket};
 use crate::window::{next_window, window_at, window_end_ms};
 
 #[derive(Clone, Copy, Debug)]
@@ -149,6 +149,7 @@ impl NodeLimiter {
         // The record may be new (its line is due) and an install may have closed an
         // older window: the next tick looks at the key.
         self.mark_dirty(kw.key);
+        self.arm_loan(kw, slot, key_demand);
         let rec = self.record(&kw).expect("ensured above");
         let mut entry = self.line(&kw, rec);
         entry.demand = entry.demand.max(key_demand);
@@ -195,7 +196,101 @@ impl NodeLimiter {
                     self.mark_exhausted(p.kw);
                 }
             }
-            FastPathOutcome::Refused { exhausted: false } | FastPathOutcome::Withheld => {}
+            FastPathOutcome::Refused { exhausted: false } => {
+                if let Some(p) = pending {
+                    self.lend_on_refusal(p.kw);
+                }
+            }
+            FastPathOutcome::Withheld => {}
+        }
+    }
+
+    /// The refusal loan: the owner had nothing for `kw` but may refill (its options are
+    /// out, or the reserve), so the pool is not spent. A node that has admitted less
+    /// than its 1/fleet share of the window (at least one unit) lends itself one unit,
+    /// once per key-window, on the same cell as the deadline loan (`DecisionSurface::
+    /// lend`), before the waiting request decides again. It is a self-grant, reported
+    /// as F4's: the owner counts it. A node that has spent its share is where the key
+    /// concentrates, and there a 429 is the right answer.
+    fn lend_on_refusal(&mut self, kw: KeyWindow) {
+        let surface = Arc::clone(&self.surface);
+        let Some(bucket) = surface.get(&kw.key) else {
+            return;
+        };
+        let Some(rec) = self.record(&kw) else {
+            return;
+        };
+        if rec.loan_booked || rec.exhausted || rec.place != Place::Live {
+            return;
+        }
+        let slot = usize::from(rec.slot);
+        if !bucket.take_loan(slot, kw.window.number) {
+            return;
+        }
+        let placed = credit::grant(bucket.word(slot, kw.window), kw.window.number, 1, false);
+        debug_assert!(placed, "{kw:?}: a live record's word holds its window");
+        let rec = self.record_mut(&kw).expect("read above");
+        rec.loan_booked = true;
+        rec.self_granted += 1;
+        self.stats.loans_booked += 1;
+        self.log.note(kw);
+    }
+
+    /// A fast path goes out for `kw`: arm its loan (`DecisionSurface::lend`) if the key
+    /// is far below its limit as this node sees it: this node has admitted less than its
+    /// 1/fleet share of the window (at least one unit), and its demand (`key_demand`,
+    /// thousandths of a request a round), as if every node saw as much, would spend
+    /// under half the allowance over the window. Elsewhere the key concentrates here or
+    /// runs near its limit, and a 429 is the right answer. A loan of an older window
+    /// still unbooked is booked first.
+    fn arm_loan(&mut self, kw: KeyWindow, slot: usize, key_demand: u64) {
+        let surface = Arc::clone(&self.surface);
+        let Some(bucket) = surface.get(&kw.key) else {
+            return;
+        };
+        if bucket
+            .loan_taken(slot)
+            .is_some_and(|n| n != kw.window.number)
+        {
+            self.book_loans(kw.key, &bucket);
+        }
+        let rec = self.record_mut(&kw).expect("ensured by the caller");
+        rec.fast_path_asked = true;
+        let rec = self.record(&kw).expect("ensured by the caller");
+        let share = (rec.allowance / u64::from(self.config.fleet_size.max(1))).max(1);
+        let spend = super::report::line_of(Some(&bucket), 0, &kw, rec).cumulative_spend;
+        let rounds = u64::from(kw.window.length_ms) / u64::from(self.config.round_ms.max(1));
+        let fleet_demand_milli = key_demand * rounds * u64::from(self.config.fleet_size);
+        if !rec.loan_booked
+            && rec.place == Place::Live
+            && spend < share
+            && fleet_demand_milli * 2 < rec.allowance * 1_000
+        {
+            bucket.arm_loan(slot, kw.window.number);
+        }
+    }
+
+    /// Book the deadline loans the request path took of `key`'s windows since the last
+    /// visit (`DecisionSurface::lend`): each unit is a self-grant of its record, which
+    /// makes the line due, so the owner counts it as committed.
+    pub(super) fn book_loans(&mut self, key: KeyId, bucket: &KeyBucket) {
+        let Some(state) = self.keys.get_mut(&key) else {
+            return;
+        };
+        for (window, rec) in state.records.iter_mut() {
+            if rec.fast_path_asked
+                && !rec.loan_booked
+                && bucket.loan_taken(usize::from(rec.slot)) == Some(window.number)
+            {
+                rec.loan_booked = true;
+                rec.self_granted += 1;
+                self.stats.loans_booked += 1;
+                // A fleet-wide sum a checker keeps counts self-grants (`take_changes`).
+                self.log.note(KeyWindow {
+                    key,
+                    window: *window,
+                });
+            }
         }
     }
 

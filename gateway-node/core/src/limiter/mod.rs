@@ -214,6 +214,8 @@ pub struct NodeStats {
     pub fast_path_granted: u64,
     pub credit_returned: u64,
     pub self_grants: u64,
+    /// Deadline loans booked as self-grants (`book_loans`).
+    pub loans_booked: u64,
     pub evictions: u64,
     pub records_refused: u64,
     /// P1: buckets moved to a new policy version.
@@ -439,6 +441,8 @@ impl NodeLimiter {
                 standing: 0,
                 option,
                 declined: false,
+                fast_path_asked: false,
+                loan_booked: false,
                 returned: 0,
                 owner_epoch: OwnerEpoch(0),
                 grant_seq: 0,

@@ -52,6 +52,7 @@ impl NodeLimiter {
         for (key, _) in &changed {
             if let Some(bucket) = surface.get(key) {
                 self.adopt_opened(now, *key, &bucket);
+                self.book_loans(*key, &bucket);
             }
         }
         let mut moves = self.records_to_move(&changed);

@@ -65,6 +65,7 @@ impl NodeLimiter {
             if let Some(bucket) = bucket.as_deref() {
                 // Before closing: a window a request opened may have just ended.
                 self.adopt_opened(now, *key, bucket);
+                self.book_loans(*key, bucket);
             }
             self.close_ended_windows(now, key, bucket.as_deref());
             surface.prune_declined(*key, now.wall_ms);

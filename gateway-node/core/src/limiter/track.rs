@@ -54,6 +54,11 @@ pub(super) struct WindowRecord {
     pub(super) option: bool,
     /// The owner addressed the key-window before the option was taken: it is given up.
     pub(super) declined: bool,
+    /// A fast path asked for this key-window: a deadline loan may follow
+    /// (`NodeLimiter::book_loans`).
+    pub(super) fast_path_asked: bool,
+    /// The deadline loan of this key-window is booked in `self_granted`.
+    pub(super) loan_booked: bool,
     pub(super) returned: u64,
     pub(super) owner_epoch: OwnerEpoch,
     pub(super) grant_seq: u64,

@@ -71,6 +71,11 @@ struct ColdBucket {
     version: u8,
     policy: KeyPolicy,
     words: [[AtomicU64; 2]; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
+    /// Per plan window, the loan cell (`DecisionSurface::lend`): 0, or 1 + a window
+    /// number shifted left one, with bit 0 set once the loan is taken. The reconciler
+    /// arms it for a window when it sends a fast path for it; the short path or the
+    /// reconciler takes it; the reconciler books it.
+    loans: [AtomicU64; PLAN_WINDOWS_MAX],
 }
 
 const _: () = assert!(
@@ -185,6 +190,7 @@ impl KeyBucket {
                 policy,
                 words: std::array::from_fn(|_| credit::empty_pair()),
                 shorts: std::array::from_fn(|_| AtomicU32::new(0)),
+                loans: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         }
     }
@@ -217,6 +223,35 @@ impl KeyBucket {
 
     /// The credit word plan window `slot` uses for `window`.
     #[inline]
+    /// Reconciler: window `number` of plan slot `slot` may take one loan, unless it took
+    /// it already. Whatever the cell held before is replaced (the caller booked it).
+    pub(crate) fn arm_loan(&self, slot: usize, number: u64) {
+        let cell = &self.cold.loans[slot];
+        let armed = (number + 1) << 1;
+        let mut seen = cell.load(Ordering::Acquire);
+        while seen & !1 != armed {
+            match cell.compare_exchange(seen, armed, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => seen = now,
+            }
+        }
+    }
+
+    /// Take the loan armed for window `number` of plan slot `slot`; false when none is
+    /// armed for it or it was taken.
+    pub(crate) fn take_loan(&self, slot: usize, number: u64) -> bool {
+        let armed = (number + 1) << 1;
+        self.cold.loans[slot]
+            .compare_exchange(armed, armed | 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The window of plan slot `slot` whose loan was taken, if the cell says so.
+    pub(crate) fn loan_taken(&self, slot: usize) -> Option<u64> {
+        let cell = self.cold.loans[slot].load(Ordering::Acquire);
+        (cell & 1 == 1).then(|| (cell >> 1) - 1)
+    }
+
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
         credit::word_of(self.words(slot), window.number)
     }

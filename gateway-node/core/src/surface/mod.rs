@@ -159,6 +159,8 @@ pub struct SurfaceStats {
     pub evictions: AtomicU64,
     /// Windows a request opened with this node's standing option.
     pub standing_opened: AtomicU64,
+    /// Requests admitted on a deadline loan (`DecisionSurface::lend`).
+    pub loans: AtomicU64,
 }
 
 pub struct DecisionSurface {
