@@ -371,9 +371,10 @@ fn what_if_runs_lift_what_they_name_and_say_so() {
 /// issue's targets (fast path < 0.5%, no denial of a key under half its limit). With
 /// L < N (10 per second over 20 nodes) the floor is about 51% (ARCHITECTURE.md,
 /// "Standing options"): the fast path is held within 1.2x of it (about 57% here), and a
-/// refused fast path for a key far below its limit is a loan, not a 429 ("Loans"). The
-/// denial bound guards today's 0.54% (fast paths past D5's deadline, still 429s), not
-/// the 0.1%, which is not met.
+/// fast path that brings nothing for a key far below its limit (refused while the pool
+/// may refill, or past D5's deadline) is a loan, not a 429 ("Loans"): denials of keys
+/// under half their limit stay within the 0.1% (0.07% here), with no
+/// over-admission.
 #[test]
 fn spread_keys_far_below_their_limit_decide_from_held_credit() {
     let spread = |limit_1s: u64, limit_60s: u64| SimConfig {
@@ -410,7 +411,7 @@ fn spread_keys_far_below_their_limit_decide_from_held_credit() {
         r.replay
     );
     assert!(
-        r.denied_under_half_limit_pct < 1.0,
+        r.denied_under_half_limit_pct < 0.1,
         "L < N: {}% of requests denied under half the limit\n  replay: {}",
         r.denied_under_half_limit_pct,
         r.replay

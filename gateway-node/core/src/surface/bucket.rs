@@ -72,7 +72,8 @@ struct ColdBucket {
     policy: KeyPolicy,
     words: [[AtomicU64; 2]; PLAN_WINDOWS_MAX - INLINE_WINDOWS],
     /// Per plan window, the loan cell (`DecisionSurface::lend`): 0, or 1 + a window
-    /// number shifted left one, with bit 0 set once the loan is taken. The reconciler
+    /// number shifted left two, with bit 1 set if a missed deadline may take the loan and
+    /// bit 0 once it is taken. The reconciler
     /// arms it for a window when it sends a fast path for it; the short path or the
     /// reconciler takes it; the reconciler books it.
     loans: [AtomicU64; PLAN_WINDOWS_MAX],
@@ -223,13 +224,14 @@ impl KeyBucket {
 
     /// The credit word plan window `slot` uses for `window`.
     #[inline]
-    /// Reconciler: window `number` of plan slot `slot` may take one loan, unless it took
-    /// it already. Whatever the cell held before is replaced (the caller booked it).
-    pub(crate) fn arm_loan(&self, slot: usize, number: u64) {
+    /// Reconciler: window `number` of plan slot `slot` may take one loan, on a missed
+    /// deadline too with `on_deadline`, unless it took it already. Whatever the cell held
+    /// for another window is replaced (the caller booked it).
+    pub(crate) fn arm_loan(&self, slot: usize, number: u64, on_deadline: bool) {
         let cell = &self.cold.loans[slot];
-        let armed = (number + 1) << 1;
+        let armed = ((number + 1) << 2) | (u64::from(on_deadline) << 1);
         let mut seen = cell.load(Ordering::Acquire);
-        while seen & !1 != armed {
+        while !(seen >> 2 == number + 1 && seen & 1 == 1) {
             match cell.compare_exchange(seen, armed, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return,
                 Err(now) => seen = now,
@@ -237,19 +239,23 @@ impl KeyBucket {
         }
     }
 
-    /// Take the loan armed for window `number` of plan slot `slot`; false when none is
-    /// armed for it or it was taken.
-    pub(crate) fn take_loan(&self, slot: usize, number: u64) -> bool {
-        let armed = (number + 1) << 1;
-        self.cold.loans[slot]
-            .compare_exchange(armed, armed | 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// Take the loan armed for window `number` of plan slot `slot` (`on_deadline`: for
+    /// a missed deadline); false when none is armed for it or it was taken.
+    pub(crate) fn take_loan(&self, slot: usize, number: u64, on_deadline: bool) -> bool {
+        let cell = &self.cold.loans[slot];
+        let seen = cell.load(Ordering::Acquire);
+        seen >> 2 == number + 1
+            && seen & 1 == 0
+            && (!on_deadline || seen & 2 != 0)
+            && cell
+                .compare_exchange(seen, seen | 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// The window of plan slot `slot` whose loan was taken, if the cell says so.
     pub(crate) fn loan_taken(&self, slot: usize) -> Option<u64> {
         let cell = self.cold.loans[slot].load(Ordering::Acquire);
-        (cell & 1 == 1).then(|| (cell >> 1) - 1)
+        (cell & 1 == 1).then(|| (cell >> 2) - 1)
     }
 
     pub(crate) fn word(&self, slot: usize, window: WindowId) -> &AtomicU64 {
@@ -335,5 +341,53 @@ impl BuildHasher for KeyIdHasherBuilder {
     type Hasher = KeyIdHasher;
     fn build_hasher(&self) -> KeyIdHasher {
         KeyIdHasher::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bus_schemas::WindowSpec;
+
+    use super::*;
+
+    fn bucket() -> KeyBucket {
+        let windows = [WindowSpec {
+            length_ms: 1_000,
+            limit: 10,
+        }];
+        let policy = KeyPolicy::new(&windows, 25).expect("valid plan");
+        KeyBucket::new(
+            KeyId {
+                version: 1,
+                digest: 7,
+            },
+            policy,
+        )
+    }
+
+    #[test]
+    fn a_loan_is_taken_once_per_window_and_only_as_armed() {
+        let b = bucket();
+        assert!(!b.take_loan(0, 5, false), "nothing armed");
+        b.arm_loan(0, 5, false);
+        assert!(!b.take_loan(0, 5, true), "armed for refusals only");
+        assert!(!b.take_loan(0, 4, false), "armed for another window");
+        assert_eq!(b.loan_taken(0), None);
+        assert!(b.take_loan(0, 5, false));
+        assert!(!b.take_loan(0, 5, false), "one loan per window");
+        assert_eq!(b.loan_taken(0), Some(5));
+        b.arm_loan(0, 5, true);
+        assert!(
+            !b.take_loan(0, 5, true),
+            "re-arming a taken window gives no second loan"
+        );
+        b.arm_loan(0, 6, true);
+        assert_eq!(
+            b.loan_taken(0),
+            None,
+            "the next window's arming replaces it"
+        );
+        assert!(b.take_loan(0, 6, true));
+        assert_eq!(b.loan_taken(0), Some(6));
     }
 }

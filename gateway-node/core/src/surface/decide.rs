@@ -35,14 +35,6 @@ struct Shortfall {
     denying: Option<WindowId>,
 }
 
-/// Whether a fast path past D5's deadline may take the key-window's loan
-/// (`DecisionSurface::lend`). Off: under a bus cut every fast path misses its deadline
-/// before the node turns degraded, and the loans of a key moving between nodes (the
-/// simulator's shift scenario, seed 1010, cut at 1 s) over-admitted 2.5% of a window,
-/// past A1's 0.5% for a steady run. Refusal loans (`NodeLimiter::lend_on_refusal`)
-/// stay: there the owner said the pool may refill.
-const DEADLINE_LOANS: bool = false;
-
 impl DecisionSurface {
     /// The admission decision (D4). `policy` is used only when the key has no bucket yet;
     /// the caller resolved it while authenticating the key (D1).
@@ -237,8 +229,7 @@ impl DecisionSurface {
         {
             return decision;
         }
-        if DEADLINE_LOANS
-            && deadline_missed
+        if deadline_missed
             && !shortfall.longest_short.1
             && self.lend(bucket, key, wall_ms, &shortfall)
         {
@@ -363,14 +354,13 @@ impl DecisionSurface {
     /// The deadline loan: the fast path missed D5's 1 ms deadline for a key whose short
     /// windows the owner has not declared spent, so the node lends itself one unit of
     /// each, once per window per node, and charges again. The reconciler armed the loan
-    /// when it sent the fast path, only where this node had admitted less than its
-    /// 1/fleet share of the window (`NodeLimiter::arm_loan`). A missed deadline is the bus's
-    /// latency, not the key's limit: nearly always the owner granted and the answer is
-    /// late (it lands on the same word). The reconciler books the unit as a self-grant
-    /// (`NodeLimiter::book_loans`), reported like F4's, so the owner counts it and the
-    /// fleet's bound is the allowance plus self-grants beyond standing options: at most
-    /// one unit per node per key-window more than the allowance, and only when the
-    /// owner really had nothing left.
+    /// for a missed deadline when it sent the fast path, only for a key far below its
+    /// limit, at L < N, with the owner heard from lately (`NodeLimiter::arm_loan`). A
+    /// missed deadline is then the bus's latency, not the key's limit: nearly always the
+    /// owner granted and the answer is late (it lands on the same word). The reconciler
+    /// books the unit as a self-grant (`NodeLimiter::book_loans`), reported like F4's, so
+    /// the owner counts it: at most one unit per node per key-window more than the
+    /// allowance, and only when the owner really had nothing left.
     #[cold]
     fn lend(&self, bucket: &KeyBucket, key: KeyId, wall_ms: u64, s: &Shortfall) -> bool {
         for (i, spec) in bucket.policy().windows().iter().enumerate() {
@@ -382,7 +372,7 @@ impl DecisionSurface {
             // Only a word this window's record holds live (the fast path installed it):
             // the reconciler books the loan on that record.
             if credit::read(word, w.number).is_none_or(|c| c.exhausted)
-                || !bucket.take_loan(i, w.number)
+                || !bucket.take_loan(i, w.number, true)
             {
                 return false;
             }
