@@ -149,7 +149,7 @@ impl NodeLimiter {
         // The record may be new (its line is due) and an install may have closed an
         // older window: the next tick looks at the key.
         self.mark_dirty(kw.key);
-        self.arm_loan(now, kw, slot, key_demand);
+        self.arm_loan(now, kw, slot);
         let rec = self.record(&kw).expect("ensured above");
         let mut entry = self.line(&kw, rec);
         entry.demand = entry.demand.max(key_demand);
@@ -236,17 +236,22 @@ impl NodeLimiter {
         self.log.note(kw);
     }
 
-    /// A fast path goes out for `kw`: arm its loan (`DecisionSurface::lend`) if the key
-    /// is far below its limit as this node sees it: this node has admitted less than its
-    /// 1/fleet share of the window (at least one unit), and its demand (`key_demand`,
-    /// thousandths of a request a round), as if every node saw as much, would spend
-    /// under half the allowance over the window. Elsewhere the key concentrates here or
-    /// runs near its limit, and a 429 is the right answer. A missed deadline may take it
-    /// only at L < N (where the floor makes half the requests fast paths) and while the
-    /// owner was heard from within two rounds: the answer is then late, not lost to a
-    /// bus cut (without both, deadline loans over-admitted 2.5% in the simulator's shift
-    /// scenario, seed 1010). A loan of an older window still unbooked is booked first.
-    fn arm_loan(&mut self, now: Now, kw: KeyWindow, slot: usize, key_demand: u64) {
+    /// A fast path goes out for `kw`: arm its loan (`DecisionSurface::lend`) if the
+    /// window's allowance is under the fleet size (L < N, where the floor makes about
+    /// half the requests fast paths; at L >= N they are under 0.5%, and loans there
+    /// over-admitted keys near their limit: 5% in the 200-seed run's uniform at 40/s)
+    /// and the key is far below its limit as this node sees it: this node has admitted
+    /// less than its 1/fleet share of the window (at least one unit), and its smoothed
+    /// demand for the window (thousandths of a request a round, `KeyState::demand`), as
+    /// if every node saw as much, would spend under half the allowance over the window.
+    /// Not the fast path's advertised demand, which counts this round's requests as a
+    /// round's rate (`fast_path_demand`): one request times 40 rounds and 20 nodes reads
+    /// as 800 a window, and no loan was armed once a key had a track. A missed deadline
+    /// may take the loan only while the owner was heard from within two rounds: the
+    /// answer is then late, not lost to a bus cut (without that, deadline loans
+    /// over-admitted 2.5% in the simulator's shift scenario, seed 1010). A loan of an
+    /// older window still unbooked is booked first.
+    fn arm_loan(&mut self, now: Now, kw: KeyWindow, slot: usize) {
         let surface = Arc::clone(&self.surface);
         let Some(bucket) = surface.get(&kw.key) else {
             return;
@@ -262,9 +267,15 @@ impl NodeLimiter {
         let rec = self.record(&kw).expect("ensured by the caller");
         let share = (rec.allowance / u64::from(self.config.fleet_size.max(1))).max(1);
         let spend = super::report::line_of(Some(&bucket), 0, &kw, rec).cumulative_spend;
+        let demand_milli = self
+            .keys
+            .get(&kw.key)
+            .map_or(0, |s| s.demand(slot as u8, self.round));
         let rounds = u64::from(kw.window.length_ms) / u64::from(self.config.round_ms.max(1));
-        let fleet_demand_milli = key_demand * rounds * u64::from(self.config.fleet_size);
-        if !rec.loan_booked
+        let fleet_demand_milli = demand_milli * rounds * u64::from(self.config.fleet_size);
+        let below_fleet = rec.allowance < u64::from(self.config.fleet_size);
+        if below_fleet
+            && !rec.loan_booked
             && rec.place == Place::Live
             && spend < share
             && fleet_demand_milli * 2 < rec.allowance * 1_000
@@ -272,8 +283,7 @@ impl NodeLimiter {
             let link = &self.links[kw.shard(self.config.shards).0 as usize];
             let heard = now.mono_ms.saturating_sub(link.last_contact_mono_ms)
                 <= 2 * u64::from(self.config.round_ms);
-            let below_fleet = rec.allowance < u64::from(self.config.fleet_size);
-            bucket.arm_loan(slot, kw.window.number, heard && below_fleet);
+            bucket.arm_loan(slot, kw.window.number, heard);
         }
     }
 

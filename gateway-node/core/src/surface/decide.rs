@@ -363,6 +363,10 @@ impl DecisionSurface {
     /// allowance, and only when the owner really had nothing left.
     #[cold]
     fn lend(&self, bucket: &KeyBucket, key: KeyId, wall_ms: u64, s: &Shortfall) -> bool {
+        // Windows given a unit here: (slot, window number).
+        let mut placed = [(0usize, 0u64); PLAN_WINDOWS_MAX];
+        let mut placed_len = 0;
+        let mut lent = true;
         for (i, spec) in bucket.policy().windows().iter().enumerate() {
             if s.short_windows & (1 << i) == 0 {
                 continue;
@@ -374,13 +378,24 @@ impl DecisionSurface {
             if credit::read(word, w.number).is_none_or(|c| c.exhausted)
                 || !bucket.take_loan(i, w.number, true)
             {
-                return false;
+                lent = false;
+                break;
             }
             credit::grant(word, w.number, 1, false);
+            placed[placed_len] = (i, w.number);
+            placed_len += 1;
         }
-        let lent = Self::charge_general(bucket, key, wall_ms).is_ok();
+        lent = lent && Self::charge_general(bucket, key, wall_ms).is_ok();
         if lent {
             self.stats.loans.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Not admitted: take back the units placed, so a word never holds a loaned
+            // unit that no admission spent. The taken loan is still booked (a unit
+            // counted as spent that was not: the safe side), and one another request
+            // spent first is spent.
+            for &(i, number) in &placed[..placed_len] {
+                let _ = credit::charge(bucket.words(i), number);
+            }
         }
         lent
     }
