@@ -133,15 +133,23 @@ impl FoldOwner {
             self.retry_queue.push_back(kw);
         }
         // A standing option taken is no F4 self-grant: only credit beyond it is.
+        let ledger = self.ledgers.get(&kw).expect("merged above");
         let option = if entry.standing_option {
-            let ledger = self.ledgers.get(&kw).expect("merged above");
             self.config
                 .option_of(ledger.option_allowance, ledger.option_rotation, node)
         } else {
             0
         };
+        // Below the fleet size F4 gives a node nothing (allowance / fleet rounds to 0),
+        // so a self-grant beyond the option there is a loan (one unit, node-core's
+        // `arm_loan`): counted as committed like any, but no sign the node lost this
+        // owner. Withholding the node for it would refuse all its fast paths for
+        // `withhold_rounds`, which at 10^5 keys turned loans into 2% of requests denied.
+        let loan_only = ledger.allowance < u64::from(self.config.fleet_size)
+            && entry.self_granted <= option + 1;
         if folded.self_granted_more
             && entry.self_granted > option
+            && !loan_only
             && self.config.mode == OwnerMode::Leasing
         {
             self.withhold_self_granter(node, now);
