@@ -83,6 +83,25 @@ impl KeyId {
         })
     }
 
+    /// `v<version>:<32 hex>`: how a key id is written in logs, policy files, bodies and
+    /// the archive. Safe to show: it is the hashed id, never the raw key.
+    pub fn text(self) -> String {
+        format!("v{}:{:032x}", self.version, self.digest)
+    }
+
+    /// The id [`KeyId::text`] wrote, or `None`.
+    pub fn from_text(text: &str) -> Option<Self> {
+        let (version, hex) = text.strip_prefix('v')?.split_once(':')?;
+        let version: u8 = version.parse().ok()?;
+        if version == 0 || hex.len() != 32 {
+            return None;
+        }
+        Some(Self {
+            version,
+            digest: u128::from_str_radix(hex, 16).ok()?,
+        })
+    }
+
     /// 64 well-mixed bits: the digest is already an HMAC output.
     pub fn hash64(self) -> u64 {
         (self.digest as u64) ^ ((self.digest >> 64) as u64)
