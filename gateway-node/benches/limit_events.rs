@@ -31,11 +31,21 @@ fn bench_limit_events(c: &mut Criterion) {
     }];
     let (mut node, policy) = fixed_node(&windows, 112_000);
     let surface = node.surface().clone();
-    for _ in 0..3 {
-        for i in 0..KEYS {
-            let _ = surface.decide(key(i), T0.wall_ms, &policy);
+    node.handle_tick(T0);
+    // Spend every key's credit and this round's one fast path (answered with nothing):
+    // from then on, within the round, each decision is a 429 from the surface alone.
+    for i in 0..KEYS {
+        let k = key(i);
+        loop {
+            match surface.decide(k, T0.wall_ms, &policy) {
+                Decision::Admit => {}
+                Decision::FastPath(_) => {
+                    let _ = surface.decide_after_fast_path(k, T0.wall_ms, &policy, false);
+                }
+                Decision::Deny(_) => break,
+                Decision::FailOpen => panic!("the bench's node failed open"),
+            }
         }
-        node.handle_tick(T0);
     }
     let keys: Vec<_> = (0..1u64 << 16).map(|i| key(i * 7_919 % KEYS)).collect();
     for k in &keys {
