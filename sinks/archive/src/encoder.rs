@@ -57,6 +57,21 @@ pub fn schema() -> SchemaRef {
     ]))
 }
 
+/// The `rollup` table (E3): events per key, window, reason and day, for days past the
+/// raw events' retention.
+pub fn rollup_schema() -> SchemaRef {
+    use DataType::*;
+    let f = |name: &str, t: DataType| Field::new(name, t, false);
+    Arc::new(Schema::new(vec![
+        f("day", Date32),
+        f("key_id", Utf8),
+        f("hash_version", UInt8),
+        f("window_ms", UInt32),
+        f("reason", Utf8),
+        f("events", UInt64),
+    ]))
+}
+
 /// `v<version>:<32 hex>`: the form `foldgate key-id` prints and policies name.
 pub fn key_id_text(k: KeyId) -> String {
     k.text()
