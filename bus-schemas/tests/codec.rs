@@ -92,13 +92,19 @@ fn fast_reply() -> FastPathReply {
 
 fn event() -> LimitEvent {
     LimitEvent {
+        id: EventId {
+            node: NodeId(3),
+            node_epoch: NodeEpoch(1_764_719_000_000),
+            seq: 42,
+        },
         key: kw(0).key,
+        plan_id: 7,
         window: kw(0).window,
-        node: NodeId(3),
         at_ms: 1_764_720_000_500,
         correlation_id: "req-0001".into(),
         reason: LimitReason::Exhausted,
         degraded: false,
+        retry_after_ms: 500,
     }
 }
 
@@ -287,6 +293,38 @@ fn every_rejection_reason() {
             .reason(),
         "invalid"
     );
+    let mut seq0 = event();
+    seq0.id.seq = 0;
+    let mut epoch0 = event();
+    epoch0.id.node_epoch = NodeEpoch(0);
+    let mut endless_wait = event();
+    endless_wait.retry_after_ms = limits::RETRY_AFTER_MS_MAX + 1;
+    let mut short_key = wire_event();
+    short_key.key_id.truncate(16);
+    let mut no_reason = wire_event();
+    no_reason.reason = 0;
+    let mut future_reason = wire_event();
+    future_reason.reason = 99;
+    for (what, bytes) in [
+        ("seq 0", seq0.encode()),
+        ("epoch 0", epoch0.encode()),
+        ("wait past two days", endless_wait.encode()),
+        ("16-byte key id", prost::Message::encode_to_vec(&short_key)),
+        (
+            "unspecified reason",
+            prost::Message::encode_to_vec(&no_reason),
+        ),
+        (
+            "unknown reason",
+            prost::Message::encode_to_vec(&future_reason),
+        ),
+    ] {
+        assert_eq!(
+            LimitEvent::decode(&bytes).unwrap_err().reason(),
+            "invalid",
+            "{what}"
+        );
+    }
     let mut bad_policy = policy();
     bad_policy.keys[0].plan_id = 9;
     assert_eq!(
@@ -297,11 +335,51 @@ fn every_rejection_reason() {
     );
 }
 
+fn wire_event() -> wire::LimitEvent {
+    <wire::LimitEvent as prost::Message>::decode(event().encode().as_slice()).unwrap()
+}
+
 fn wire_report() -> wire::ReportBatch {
     <wire::ReportBatch as prost::Message>::decode(report().encode().as_slice()).unwrap()
 }
 
 proptest! {
+    /// E1: every field of an event survives the wire, and its id names it uniquely.
+    #[test]
+    fn limit_events_round_trip(
+        node in any::<u32>(),
+        node_epoch in 1u64..,
+        seq in 1u64..,
+        digest in any::<u128>(),
+        version in 1u8..,
+        plan_id in any::<u32>(),
+        length_ms in 1u32..=limits::WINDOW_LENGTH_MS_MAX,
+        at_ms in any::<u64>(),
+        cid in "[ -~]{0,64}",
+        reason in prop_oneof![
+            Just(LimitReason::Exhausted),
+            Just(LimitReason::FastPathDeadline),
+            Just(LimitReason::Backstop),
+        ],
+        degraded in any::<bool>(),
+        retry_after_ms in 0..=limits::RETRY_AFTER_MS_MAX,
+    ) {
+        let e = LimitEvent {
+            id: EventId { node: NodeId(node), node_epoch: NodeEpoch(node_epoch), seq },
+            key: KeyId { version, digest },
+            plan_id,
+            window: WindowId { length_ms, number: at_ms % (1 << 40) / u64::from(length_ms) },
+            at_ms,
+            correlation_id: cid,
+            reason,
+            degraded,
+            retry_after_ms,
+        };
+        let bytes = e.encode();
+        prop_assert!(bytes.len() <= LimitEvent::MAX_BYTES);
+        prop_assert_eq!(LimitEvent::decode(&bytes).unwrap(), e);
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = ReportBatch::decode(&bytes);

@@ -7,6 +7,8 @@
 //!   default when no NATS URL is configured.
 //! * [`runtime`]: the one API both runtimes implement ([`runtime::NodeRuntime`]), which is
 //!   all the HTTP gateway sees.
+//! * [`events`]: limit events (E1, E2), from the 429 path's lock-free ring to Kafka or
+//!   the local archive.
 //! * [`http`]: the gateway around it all: `foldgate-node` and `foldgate-edge`.
 //!
 //! The limiter itself (decision surface, reconciler, credit words, windows, policy, retry
@@ -16,6 +18,7 @@
 pub mod bus;
 pub mod deadline;
 pub mod embedded;
+pub mod events;
 pub mod http;
 pub mod runtime;
 

@@ -1,6 +1,7 @@
 //! The README's main job (`foldgate demo`): a gateway node on its embedded defaults, one
 //! key, and requests until a 429 is earned, then one more after the wait it named.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +13,15 @@ use gateway_node::http::contract;
 use http::StatusCode;
 use serde::Serialize;
 use tokio::sync::watch;
+
+/// Where the demo's node archives its limit events, and what it found there at the end.
+#[derive(Debug, Serialize)]
+pub struct DemoArchive {
+    pub dir: PathBuf,
+    /// The archive's rows for the demo key, as `foldgate history` prints them.
+    pub history: String,
+    pub rows: usize,
+}
 
 /// What the demo saw: each request's status and the 429's headers and body.
 #[derive(Debug, Serialize)]
@@ -31,8 +41,9 @@ pub struct DemoStep {
 pub async fn run_demo(
     limit_1s: u64,
     limit_60s: u64,
+    archive: &std::path::Path,
     mut on_step: impl FnMut(&DemoStep),
-) -> anyhow::Result<Vec<DemoStep>> {
+) -> anyhow::Result<(Vec<DemoStep>, DemoArchive)> {
     use gateway_node::http::node::{NodeGateway, NodeSettings, start_runtime, system_clock};
 
     let (stop_tx, stop) = watch::channel(false);
@@ -46,12 +57,16 @@ pub async fn run_demo(
     let hasher = KeyHasher::from_hex(1, &secret)?;
     let seed = gateway_node::http::auth::random_u64();
     let policy = bench_policy_toml(&hasher, seed, 1, &[(1_000, limit_1s), (60_000, limit_60s)]);
-    let settings: NodeSettings = toml::from_str(&format!(
+    let mut settings: NodeSettings = toml::from_str(&format!(
         "upstream.urls = [\"http://{up_addr}\"]\nhash_key_hex = \"{secret}\"\nlog_level = \"warn\"\n{policy}"
     ))?;
+    settings.events.archive_dir = Some(archive.to_path_buf());
     let clock = system_clock();
     let runtime = start_runtime(&settings, Arc::clone(&clock), stop.clone()).await?;
-    let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);
+    let (node, epoch) = runtime.with_limiter(|l| (l.node(), l.epoch()));
+    let (queue, pump) = gateway_node::events::start(&settings.events, node, epoch, stop.clone())?
+        .ok_or_else(|| anyhow::anyhow!("an archive dir names a sink"))?;
+    let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?.with_events(queue));
     let (addr, _) = serve_on_loopback(gateway, settings.server.limits(), stop).await?;
 
     let client = plain_client();
@@ -94,6 +109,10 @@ pub async fn run_demo(
         }
     }
     let _ = stop_tx.send(true);
+    // The pump writes what is left when it sees the stop, then ends.
+    pump.await?;
+    let key_id = foldgate_archive::encoder::key_id_text(hasher.key_id(key.as_bytes()));
+    let found = history_of(archive, key_id)?;
     if !steps.iter().any(|s| s.status == 429) {
         anyhow::bail!("no 429 earned in {} requests", steps.len());
     }
@@ -103,25 +122,79 @@ pub async fn run_demo(
             steps.len()
         );
     }
-    Ok(steps)
+    let limited = steps.iter().filter(|s| s.status == 429).count();
+    if found.rows != limited {
+        anyhow::bail!(
+            "{} 429s earned, {} in the archive at {}",
+            limited,
+            found.rows,
+            archive.display()
+        );
+    }
+    Ok((steps, found))
+}
+
+/// The demo key's rows, as `foldgate history --keys-from` would print them.
+fn history_of(archive: &std::path::Path, key_id: String) -> anyhow::Result<DemoArchive> {
+    let q = crate::history::HistoryQuery {
+        key_ids: [key_id].into(),
+        ..Default::default()
+    };
+    let (rows, warnings) = crate::history::query(archive, &q)?;
+    if let Some(w) = warnings.first() {
+        anyhow::bail!("the demo's own archive has a bad file: {w}");
+    }
+    let mut text = Vec::new();
+    foldgate_archive::output::write(&mut text, crate::history::Format::Table, &rows)?;
+    Ok(DemoArchive {
+        dir: archive.to_path_buf(),
+        history: String::from_utf8_lossy(&text).into_owned(),
+        rows: rows.iter().map(|b| b.num_rows()).sum(),
+    })
 }
 
 /// `foldgate demo`: runs the demo and prints each step as it happens, or every step as
 /// one JSON array at the end.
-pub fn run_and_print(limit_1s: u64, limit_60s: u64, json: bool) -> anyhow::Result<()> {
+pub fn run_and_print(
+    limit_1s: u64,
+    limit_60s: u64,
+    json: bool,
+    archive: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    // Without --archive, a folder of its own that outlives the demo, so the history
+    // command it prints can be run afterwards.
+    let archive = match archive {
+        Some(dir) => dir,
+        None => std::env::temp_dir().join(format!(
+            "foldgate-demo-{}-{:08x}",
+            std::process::id(),
+            gateway_node::http::auth::random_u64() as u32
+        )),
+    };
     if !json {
         println!(
             "Gateway with embedded defaults (in-process bus and fold owner, no NATS); \
              one key, plan {limit_1s} per 1 s and {limit_60s} per 60 s."
         );
     }
-    let steps = crate::runtime()?.block_on(run_demo(limit_1s, limit_60s, |s| {
-        if !json {
-            print_step(s);
-        }
-    }))?;
+    let (steps, found) =
+        crate::runtime()?.block_on(run_demo(limit_1s, limit_60s, &archive, |s| {
+            if !json {
+                print_step(s);
+            }
+        }))?;
     if json {
-        println!("{}", serde_json::to_string(&steps)?);
+        println!(
+            "{}",
+            serde_json::json!({ "steps": steps, "archive": found })
+        );
+    } else {
+        println!(
+            "\nThe 429 as a limit event in the archive at {} \
+             (`foldgate history --archive {0}`):\n{}",
+            found.dir.display(),
+            found.history
+        );
     }
     Ok(())
 }

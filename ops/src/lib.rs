@@ -10,10 +10,12 @@
 //!   harness's HTTP load generator and test upstream.
 //! * [`keys`]: `foldgate key-id`, `foldgate bench-policy` and `foldgate bench-key`.
 //! * [`demo`]: the README's main job (`foldgate demo`).
+//! * [`history`]: `foldgate history`, throttling history from the limit-event archive.
 
 pub mod bench_fleet;
 pub mod bench_http;
 pub mod demo;
+pub mod history;
 pub mod keys;
 pub mod sim_cmd;
 pub mod upstream;

@@ -27,6 +27,10 @@ enum Command {
     /// Start an upstream and a gateway node with its embedded defaults (no NATS), and
     /// earn a 429.
     Demo(DemoArgs),
+    /// Throttling history from a limit-event archive (E4): the events, or with --top the
+    /// keys with most; --sql runs SQL over tables `events` and `rollup` in
+    /// `foldgate-history`.
+    History(HistoryArgs),
     /// A tiny upstream API for local runs: `200 ok` to everything.
     Upstream(UpstreamArgs),
     /// Print a node config `[policy]` table for seeded bench keys (ids only, never keys).
@@ -52,6 +56,45 @@ struct DemoArgs {
     /// Print the steps as one JSON array.
     #[arg(long)]
     json: bool,
+    /// Keep the node's limit-event archive here (default: a new temporary folder, named
+    /// at the end).
+    #[arg(long)]
+    archive: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct HistoryArgs {
+    /// The archive's root (`events/`, `rollup/` under it).
+    #[arg(long)]
+    archive: std::path::PathBuf,
+    /// SQL over tables `events` and `rollup`, run by `foldgate-history`.
+    #[arg(long)]
+    sql: Option<String>,
+    /// Raw API keys, one a line, from this file or `-` for standard input (never the
+    /// command line): only their events. Hashed under every key of --node-config, or
+    /// under --hash-key-file.
+    #[arg(long)]
+    keys_from: Option<std::path::PathBuf>,
+    /// The node's TOML: its hash key and `other_hash_keys` (every retained version).
+    #[arg(long)]
+    node_config: Option<std::path::PathBuf>,
+    /// A hash key file (hex), instead of --node-config.
+    #[arg(long)]
+    hash_key_file: Option<std::path::PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    hash_key_version: u8,
+    /// From this time: YYYY-MM-DD (UTC midnight) or RFC 3339.
+    #[arg(long)]
+    since: Option<String>,
+    /// Up to (not including) this time.
+    #[arg(long)]
+    until: Option<String>,
+    /// The N keys with the most events, instead of the events.
+    #[arg(long)]
+    top: Option<usize>,
+    /// table, csv or json (one object a line).
+    #[arg(long, default_value = "table")]
+    format: ops::history::Format,
 }
 
 #[derive(clap::Args)]
@@ -270,7 +313,8 @@ fn main() -> Result<()> {
         Command::Sim(a) => ops::sim_cmd::run(a.into()),
         Command::Bench(BenchCommand::Fleet(a)) => ops::bench_fleet::run(a.into()),
         Command::Bench(BenchCommand::Http(a)) => ops::bench_http::run(a.into()),
-        Command::Demo(a) => ops::demo::run_and_print(a.limit_1s, a.limit_60s, a.json),
+        Command::Demo(a) => ops::demo::run_and_print(a.limit_1s, a.limit_60s, a.json, a.archive),
+        Command::History(a) => a.run(),
         Command::Upstream(a) => ops::upstream::run(a.listen, a.delay_ms),
         Command::BenchPolicy(a) => {
             let hasher = a.hash_key.hasher()?;
@@ -287,6 +331,58 @@ fn main() -> Result<()> {
             println!("{}", ops::keys::bench_key(key_seed, index));
             Ok(())
         }
+    }
+}
+
+impl HistoryArgs {
+    fn run(self) -> Result<()> {
+        use ops::history::{HistoryQuery, key_ids_of, parse_time_ms};
+        if self.sql.is_some() {
+            if self.keys_from.is_some()
+                || self.since.is_some()
+                || self.until.is_some()
+                || self.top.is_some()
+            {
+                anyhow::bail!("--sql takes no shortcut flags: put the filter in the SQL");
+            }
+            // The SQL engine is its own binary; it gets this command line as it is.
+            let status = std::process::Command::new(ops::history::sql_binary()?)
+                .args(std::env::args_os().skip(2))
+                .status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        let mut q = HistoryQuery {
+            since_ms: self.since.as_deref().map(parse_time_ms).transpose()?,
+            until_ms: self.until.as_deref().map(parse_time_ms).transpose()?,
+            top: self.top,
+            ..HistoryQuery::default()
+        };
+        if let Some(path) = &self.keys_from {
+            let hashers = match (&self.node_config, &self.hash_key_file) {
+                (Some(config), _) => {
+                    let s: gateway_node::http::node::NodeSettings =
+                        gateway_node::http::config::load(
+                            Some(config.as_path()),
+                            "FOLDGATE_NODE_",
+                            &[],
+                        )?;
+                    s.hashers()?
+                }
+                (None, Some(file)) => {
+                    vec![ops::keys::hasher_from_file(file, self.hash_key_version)?]
+                }
+                (None, None) => anyhow::bail!("--keys-from needs --node-config or --hash-key-file"),
+            };
+            q.key_ids = if path.as_os_str() == "-" {
+                key_ids_of(std::io::stdin().lock(), &hashers)?
+            } else {
+                key_ids_of(
+                    std::io::BufReader::new(std::fs::File::open(path)?),
+                    &hashers,
+                )?
+            };
+        }
+        ops::history::print(&self.archive, &q, self.format)
     }
 }
 

@@ -11,7 +11,12 @@ const LIMIT_1S: u64 = 5;
 async fn the_demo_earns_its_429_after_exactly_the_allowance_and_the_named_wait_is_true() {
     for run in 0..5 {
         // run_demo itself fails if the request after the named wait is limited again.
-        let steps = run_demo(LIMIT_1S, 100, |_| {}).await.expect("demo run");
+        let dir = tempfile::tempdir().unwrap();
+        let (steps, archive) = run_demo(LIMIT_1S, 100, dir.path(), |_| {})
+            .await
+            .expect("demo run");
+        // run_demo fails unless the archive holds one row per 429; the row is the 429's.
+        assert_eq!(archive.rows, 1, "run {run}: {}", archive.history);
         let first_429 = steps
             .iter()
             .position(|s| s.status == 429)
@@ -34,5 +39,12 @@ async fn the_demo_earns_its_429_after_exactly_the_allowance_and_the_named_wait_i
         let body = limited.body.as_deref().unwrap();
         assert!(body.contains("\"window\":\"1s\""), "run {run}: {body}");
         assert_eq!(steps.last().unwrap().status, 200, "run {run}");
+        let cid = limited.correlation_id.as_deref().unwrap();
+        assert!(
+            archive.history.contains(cid),
+            "run {run}: {}",
+            archive.history
+        );
+        assert!(archive.history.contains("exhausted"), "{}", archive.history);
     }
 }

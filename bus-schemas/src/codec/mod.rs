@@ -657,11 +657,15 @@ impl Envelope for LimitEvent {
             schema_version: SCHEMA_VERSION,
             key_id: self.key.to_bytes().to_vec(),
             window: Some(wire_window(self.window)),
-            node: self.node.0,
+            node: self.id.node.0,
             at_ms: self.at_ms,
             correlation_id: self.correlation_id.clone(),
             reason: reason as i32,
             degraded: self.degraded,
+            node_epoch: self.id.node_epoch.0,
+            seq: self.id.seq,
+            plan_id: self.plan_id,
+            retry_after_ms: self.retry_after_ms,
         }
         .encode_to_vec()
     }
@@ -679,14 +683,30 @@ impl Envelope for LimitEvent {
             Ok(wire::LimitReason::Backstop) => LimitReason::Backstop,
             _ => return Err(invalid(k, "reason", "unspecified or unknown")),
         };
+        if m.seq == 0 {
+            return Err(invalid(k, "seq", "events count from 1"));
+        }
+        if m.retry_after_ms > RETRY_AFTER_MS_MAX {
+            return Err(invalid(
+                k,
+                "retry_after_ms",
+                "longer than the longest window",
+            ));
+        }
         Ok(Self {
+            id: EventId {
+                node: NodeId(m.node),
+                node_epoch: NodeEpoch(epoch(k, "node_epoch", m.node_epoch)?),
+                seq: m.seq,
+            },
             key: key_id(k, &m.key_id)?,
+            plan_id: m.plan_id,
             window: window(k, m.window.as_ref())?,
-            node: NodeId(m.node),
             at_ms: m.at_ms,
             correlation_id: m.correlation_id,
             reason,
             degraded: m.degraded,
+            retry_after_ms: m.retry_after_ms,
         })
     }
 }

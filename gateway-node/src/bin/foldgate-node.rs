@@ -41,7 +41,16 @@ fn main() -> anyhow::Result<()> {
             let runtime = start_runtime(&settings, Arc::clone(&clock), shutdown)
                 .await
                 .context("starting the limiter runtime")?;
-            let gateway = Arc::new(NodeGateway::new(&settings, runtime, clock)?);
+            let (node, epoch) = runtime.with_limiter(|l| (l.node(), l.epoch()));
+            let events =
+                gateway_node::events::start(&settings.events, node, epoch, stop.subscribe())?;
+            let mut gateway = NodeGateway::new(&settings, runtime, clock)?;
+            let mut pump = None;
+            if let Some((queue, task)) = events {
+                gateway = gateway.with_events(queue);
+                pump = Some(task);
+            }
+            let gateway = Arc::new(gateway);
             let listeners = settings.server.bind().await?;
             tracing::info!(
                 listen = %listeners.0.local_addr()?,
@@ -52,6 +61,10 @@ fn main() -> anyhow::Result<()> {
                 "foldgate-node started"
             );
             server::run_until_ctrl_c(gateway, settings.server.limits(), listeners, stop).await;
+            // The pump saw the same stop: it writes what is left, then ends.
+            if let Some(pump) = pump {
+                pump.await.context("the limit-event pump")?;
+            }
             anyhow::Ok(())
         })
 }

@@ -153,21 +153,12 @@ pub struct KeyIdText(pub KeyId);
 
 impl fmt::Display for KeyIdText {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}:{:032x}", self.0.version, self.0.digest)
+        f.write_str(&self.0.text())
     }
 }
 
 pub fn parse_key_id(text: &str) -> Option<KeyId> {
-    let rest = text.strip_prefix('v')?;
-    let (version, hex) = rest.split_once(':')?;
-    let version: u8 = version.parse().ok()?;
-    if version == 0 || hex.len() != 32 {
-        return None;
-    }
-    Some(KeyId {
-        version,
-        digest: u128::from_str_radix(hex, 16).ok()?,
-    })
+    KeyId::from_text(text)
 }
 
 /// Correlation ids: a valid incoming `X-Request-Id` is kept, otherwise the gateway makes

@@ -20,6 +20,7 @@ use super::metrics::{GatewayMetrics, Outcome, Verdict};
 use super::proxy::Upstream;
 use super::server::Gateway;
 use crate::bus::{Clock, NodeBusStats};
+use crate::events::{EventQueue, Limited};
 use crate::policy::PolicyIndex;
 use crate::surface::Decision;
 
@@ -44,6 +45,10 @@ pub struct NodeGateway {
     policy: watch::Receiver<Arc<PolicyIndex>>,
     clock: Clock,
     limiter_enabled: bool,
+    /// E1, E2: the ring each 429's event goes into, when a sink is configured.
+    events: Option<Arc<EventQueue>>,
+    /// The plan each key of an embedded policy is on, for its events.
+    plan_ids: std::collections::HashMap<bus_schemas::KeyId, u32>,
 }
 
 const KEY_ID_HEADER: &str = "x-foldgate-key-id";
@@ -63,7 +68,21 @@ impl NodeGateway {
             upstream: settings.upstream.build(&settings.server.limits())?,
             clock,
             limiter_enabled: settings.limiter_enabled,
+            events: None,
+            plan_ids: settings.policy.plan_ids(),
         })
+    }
+
+    /// Makes an event of every 429 from now on, into `queue` (drained by
+    /// `events::pump`).
+    pub fn with_events(mut self, queue: Arc<EventQueue>) -> Self {
+        self.events = Some(queue);
+        self
+    }
+
+    /// The ring events go into, if any.
+    pub fn events(&self) -> Option<&Arc<EventQueue>> {
+        self.events.as_ref()
     }
 
     async fn admit_and_forward(
@@ -125,7 +144,8 @@ impl NodeGateway {
         cid: &str,
     ) -> Result<bool, Response<Body>> {
         let t = Instant::now();
-        let decision = self.runtime.decide_at(key, policy, (self.clock)()).await;
+        let now = (self.clock)();
+        let decision = self.runtime.decide_at(key, policy, now).await;
         self.metrics.limiter_latency.observe_duration(t.elapsed());
         match decision {
             Decision::Admit => {
@@ -144,6 +164,19 @@ impl NodeGateway {
                     bus_schemas::LimitReason::Backstop => Verdict::Backstop,
                 });
                 self.metrics.outcome(Outcome::Limited);
+                let degraded = self.runtime.surface().degraded();
+                if let Some(events) = &self.events {
+                    events.emit(&Limited {
+                        key,
+                        plan_id: self.plan_ids.get(&key).copied().unwrap_or(0),
+                        window: denial.window,
+                        at_ms: now.wall_ms,
+                        reason: denial.reason,
+                        degraded: denial.degraded || degraded,
+                        retry_after_ms: denial.wait_ms,
+                        correlation_id: cid,
+                    });
+                }
                 tracing::info!(
                     correlation_id = cid,
                     key_id = %key_text,
@@ -154,7 +187,6 @@ impl NodeGateway {
                     degraded = denial.degraded,
                     "rate limited"
                 );
-                let degraded = self.runtime.surface().degraded();
                 Err(contract::too_many_requests(&denial, cid, degraded))
             }
             // `decide_at` settles the fast path itself; seeing one here is a limiter
@@ -198,7 +230,40 @@ impl NodeGateway {
         if let Some(b) = self.runtime.bus_stats() {
             render_bus(&mut out, b);
         }
+        self.render_events(&mut out);
         out
+    }
+
+    /// E2: every event is emitted once, then delivered or dropped; 0s when no sink is set.
+    fn render_events(&self, out: &mut String) {
+        let c = self.events.as_ref().map(|q| &q.counters);
+        let n = |f: fn(&crate::events::EventCounters) -> &AtomicU64| c.map_or(0, |c| load(f(c)));
+        for (name, help, value) in [
+            (
+                "foldgate_limit_events_emitted_total",
+                "Limit events made, one per 429 (E1).",
+                n(|c| &c.emitted),
+            ),
+            (
+                "foldgate_limit_events_delivered_total",
+                "Limit events the sink confirmed: acknowledged by Kafka, or in a renamed archive file.",
+                n(|c| &c.delivered),
+            ),
+            (
+                "foldgate_limit_events_dropped_total",
+                "Limit events lost: the queue was full, or the sink gave them up (E2).",
+                n(|c| &c.dropped),
+            ),
+        ] {
+            prom::counter(out, name, help, value);
+        }
+        prom::single(
+            out,
+            "foldgate_limit_events_queued",
+            "Limit events waiting for the sink.",
+            Kind::Gauge,
+            self.events.as_ref().map_or(0, |q| q.len() as u64),
+        );
     }
 
     /// The limiter's and the runtime's series, in the order they are written.

@@ -45,6 +45,8 @@ pub struct NodeSettings {
     pub server: ServerSettings,
     pub upstream: UpstreamSettings,
     pub policy: PolicySettings,
+    /// Limit events (E1, E2): Kafka, the local archive, or none.
+    pub events: crate::events::EventsSettings,
 }
 
 fn read_hash_key(path: &std::path::Path) -> Result<String, SettingsError> {
@@ -87,6 +89,7 @@ impl Default for NodeSettings {
             server: ServerSettings::default(),
             upstream: UpstreamSettings::default(),
             policy: PolicySettings::default(),
+            events: crate::events::EventsSettings::default(),
         }
     }
 }
@@ -233,6 +236,15 @@ impl NodeSettings {
 }
 
 impl PolicySettings {
+    /// Each listed key's plan id, for the limit events of an embedded node (on NATS the
+    /// policy comes from the bucket, and events name plan 0).
+    pub fn plan_ids(&self) -> std::collections::HashMap<bus_schemas::KeyId, u32> {
+        self.keys
+            .iter()
+            .filter_map(|k| parse_key_id(&k.key_id).map(|id| (id, k.plan)))
+            .collect()
+    }
+
     pub fn index(&self, round_ms: u32) -> Result<PolicyIndex, SettingsError> {
         let windows = |ws: &[WindowSettings]| -> Vec<WindowSpec> {
             ws.iter()
