@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use bus_schemas::limits::PLAN_WINDOWS_MAX;
-use bus_schemas::{FastPathOutcome, FastPathReply, FastPathRequest, KeyId, KeyWindow, Now};
+use bus_schemas::{
+    FastPathOutcome, FastPathReply, FastPathRequest, KeyId, KeyWindow, Now, WindowId,
+};
 
 use super::links::LinkHealth;
 use super::track::Place;
@@ -229,7 +231,13 @@ impl NodeLimiter {
         }
         let placed = credit::grant(bucket.word(slot, kw.window), kw.window.number, 1, false);
         debug_assert!(placed, "{kw:?}: a live record's word holds its window");
-        let rec = self.record_mut(&kw).expect("read above");
+        self.book_loan(kw);
+    }
+
+    /// A taken loan of `kw`, booked: a self-grant of its record, which makes the line
+    /// due, and a change a fleet-wide sum a checker keeps counts (`take_changes`).
+    fn book_loan(&mut self, kw: KeyWindow) {
+        let rec = self.record_mut(&kw).expect("a loan is taken on a record");
         rec.loan_booked = true;
         rec.self_granted += 1;
         self.stats.loans_booked += 1;
@@ -294,20 +302,18 @@ impl NodeLimiter {
         let Some(state) = self.keys.get_mut(&key) else {
             return;
         };
-        for (window, rec) in state.records.iter_mut() {
-            if rec.fast_path_asked
-                && !rec.loan_booked
-                && bucket.loan_taken(usize::from(rec.slot)) == Some(window.number)
-            {
-                rec.loan_booked = true;
-                rec.self_granted += 1;
-                self.stats.loans_booked += 1;
-                // A fleet-wide sum a checker keeps counts self-grants (`take_changes`).
-                self.log.note(KeyWindow {
-                    key,
-                    window: *window,
-                });
-            }
+        let taken: smallvec::SmallVec<[WindowId; 2]> = state
+            .records
+            .iter()
+            .filter(|(window, rec)| {
+                rec.fast_path_asked
+                    && !rec.loan_booked
+                    && bucket.loan_taken(usize::from(rec.slot)) == Some(window.number)
+            })
+            .map(|(window, _)| *window)
+            .collect();
+        for window in taken {
+            self.book_loan(KeyWindow { key, window });
         }
     }
 
