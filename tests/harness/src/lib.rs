@@ -9,10 +9,13 @@
 //! * [`http_tools`]: a tiny upstream (`foldgate upstream`), the open-loop load generator
 //!   (`foldgate bench http`), and bench keys derived from a seed so no raw key is ever
 //!   written to a file.
+//! * [`kafka`]: a real Kafka-protocol broker (tansu) on a free loopback port, for the
+//!   limit-event sink and archiver tests; it can be paused and resumed as a Kafka outage.
 //! * [`KillOnDrop`]: the one guard for a child process a test or bench starts.
 
 pub mod fleet;
 pub mod http_tools;
+pub mod kafka;
 pub mod scenario;
 
 /// A child process killed (SIGKILL) and reaped when dropped: a test that fails midway
