@@ -444,8 +444,7 @@ impl Sim {
     fn restart_node(&mut self, i: usize, t_ms: u64) {
         if let Some(old) = self.nodes[i].limiter.take() {
             self.retire_lines(&old, t_ms);
-            self.counts.self_grants += old.stats().self_grants;
-            self.counts.deadline_loans += old.stats().loans_booked;
+            self.counts.add_node_outcomes(old.stats());
         }
         self.nodes[i].gs = GsNode::default();
         self.nodes[i].down_until_ms = t_ms + RESTART_DOWN_MS;

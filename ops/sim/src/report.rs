@@ -29,6 +29,11 @@ pub struct Counts {
     /// Requests admitted on a deadline loan (a fast path past D5's deadline, booked as a
     /// self-grant: `DecisionSurface::lend`).
     pub deadline_loans: u64,
+    /// The owners' answers to fast paths that came back: credit, "the pool is spent",
+    /// and "nothing now, but the pool may refill".
+    pub fast_path_granted: u64,
+    pub fast_path_refused_exhausted: u64,
+    pub fast_path_refused_open: u64,
     pub degraded_node_rounds: u64,
     pub owner_changes: u64,
     pub node_restarts: u64,
@@ -52,6 +57,16 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// What a node epoch booked that outlives it: its self-grants, loans and the answers
+    /// its fast paths got (added when it restarts, and for the living at the end).
+    pub(crate) fn add_node_outcomes(&mut self, stats: &node_core::NodeStats) {
+        self.self_grants += stats.self_grants;
+        self.deadline_loans += stats.loans_booked;
+        self.fast_path_granted += stats.fast_path_granted;
+        self.fast_path_refused_exhausted += stats.fast_path_refused_exhausted;
+        self.fast_path_refused_open += stats.fast_path_refused_open;
+    }
+
     fn add(&mut self, o: &Counts) {
         self.offered += o.offered;
         self.admitted += o.admitted;
@@ -61,6 +76,9 @@ impl Counts {
         self.fast_path_deadline_missed += o.fast_path_deadline_missed;
         self.self_grants += o.self_grants;
         self.deadline_loans += o.deadline_loans;
+        self.fast_path_granted += o.fast_path_granted;
+        self.fast_path_refused_exhausted += o.fast_path_refused_exhausted;
+        self.fast_path_refused_open += o.fast_path_refused_open;
         self.degraded_node_rounds += o.degraded_node_rounds;
         self.owner_changes += o.owner_changes;
         self.node_restarts += o.node_restarts;

@@ -192,6 +192,7 @@ impl NodeLimiter {
                 }
             }
             FastPathOutcome::Refused { exhausted: true } => {
+                self.stats.fast_path_refused_exhausted += 1;
                 // The owner has nothing left for the window: later 429s wait for its
                 // boundary rather than for the next round (D6).
                 if let Some(p) = pending {
@@ -199,6 +200,7 @@ impl NodeLimiter {
                 }
             }
             FastPathOutcome::Refused { exhausted: false } => {
+                self.stats.fast_path_refused_open += 1;
                 if let Some(p) = pending {
                     self.lend_on_refusal(p.kw);
                 }

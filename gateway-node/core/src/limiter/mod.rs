@@ -212,6 +212,10 @@ pub struct NodeStats {
     pub fast_path_sent: u64,
     pub fast_path_unreachable: u64,
     pub fast_path_granted: u64,
+    /// Fast paths the owner refused with the pool spent (the node stops asking until the
+    /// boundary), and refused with the pool able to refill (options out, the reserve).
+    pub fast_path_refused_exhausted: u64,
+    pub fast_path_refused_open: u64,
     pub credit_returned: u64,
     pub self_grants: u64,
     /// Deadline loans booked as self-grants (`book_loans`).

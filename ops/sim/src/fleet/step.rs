@@ -145,8 +145,7 @@ impl Sim {
         for node in &self.nodes {
             if let Some(l) = &node.limiter {
                 let stats = l.stats();
-                self.counts.self_grants += stats.self_grants;
-                self.counts.deadline_loans += stats.loans_booked;
+                self.counts.add_node_outcomes(stats);
                 self.counts.report_entries += stats.report_entries_sent;
                 self.counts.keys_visited += stats.keys_visited;
                 self.counts.grants_applied += stats.grants_applied;
