@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/foldgate-target}"
 export CARGO_TERM_COLOR=never
+# Incremental caches only pay off for edit-compile loops; here they took 11 GB of the
+# cached target dir on a machine with tens of GB free, and a cold CI build never uses them.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export PATH="$HOME/.local/bin:$PATH"
 nats_ok() { command -v nats-server >/dev/null 2>&1 && nats-server --version 2>/dev/null | grep -Eq 'v2\.(1[0-9]|[2-9][0-9])'; }
 if ! nats_ok; then

@@ -42,23 +42,25 @@ impl NodeLimiter {
             return;
         };
         let demands = state.demands(round);
+        // Each record's line, built once: the quiet check and the report both read it.
+        let lines: smallvec::SmallVec<[ReportEntry; 4]> = state
+            .records
+            .iter()
+            .map(|(window, rec)| {
+                let kw = KeyWindow {
+                    key: *key,
+                    window: *window,
+                };
+                line_of(bucket, demands[usize::from(rec.slot)], &kw, rec)
+            })
+            .collect();
         // Per plan slot: every record of it quiet (`quiet_standing`), or a busy window
         // makes its neighbour report too.
         let mut quiet = [true; bus_schemas::limits::PLAN_WINDOWS_MAX];
-        for (window, rec) in state.records.iter() {
-            let kw = KeyWindow {
-                key: *key,
-                window: *window,
-            };
-            let spend = line_of(bucket, 0, &kw, rec).cumulative_spend;
-            quiet[usize::from(rec.slot)] &= rec.quiet_standing(spend);
+        for ((_, rec), line) in state.records.iter().zip(&lines) {
+            quiet[usize::from(rec.slot)] &= rec.quiet_standing(line.cumulative_spend);
         }
-        for (window, rec) in state.records.iter_mut() {
-            let kw = KeyWindow {
-                key: *key,
-                window: *window,
-            };
-            let line = line_of(bucket, demands[usize::from(rec.slot)], &kw, rec);
+        for ((_, rec), line) in state.records.iter_mut().zip(lines) {
             let reported = Reported {
                 spend: line.cumulative_spend,
                 demand_band: line_band(line.demand),
