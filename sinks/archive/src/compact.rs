@@ -181,17 +181,29 @@ pub fn day_dir_name(day: i32) -> String {
     format!("day={}", crate::encoder::day_text(day))
 }
 
-/// The next free generation of `prefix` in `dir`.
-pub fn next_generation(dir: &Path, prefix: &str) -> u32 {
+/// The next free generation of `prefix` in `dir` (a day partition under `root`): above
+/// every file there and every name a merge output of the day lists as absorbed, so a new
+/// output never takes the name of one a later output already counted (whose leftover
+/// would then be removed as absorbed).
+pub fn next_generation(root: &Path, dir: &Path, prefix: &str) -> u32 {
+    let generation = |name: &str| -> Option<u32> {
+        name.strip_prefix(prefix)?
+            .strip_suffix(PARQUET_SUFFIX)?
+            .parse::<u32>()
+            .ok()
+    };
+    let day_name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let listed = absorbed_in_day(root, &day_name);
     parquet_files(dir)
         .iter()
-        .filter_map(|p| {
-            let name = p.file_name()?.to_string_lossy().into_owned();
-            name.strip_prefix(prefix)?
-                .strip_suffix(PARQUET_SUFFIX)?
-                .parse::<u32>()
-                .ok()
-        })
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .chain(
+            listed
+                .iter()
+                .filter_map(|rel| Path::new(rel).file_name())
+                .map(|n| n.to_string_lossy().into_owned()),
+        )
+        .filter_map(|n| generation(&n))
         .max()
         .map_or(1, |g| g + 1)
 }
@@ -242,6 +254,17 @@ pub fn compact_day(
     day: i32,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CompactReport, ArchiveError> {
+    compact_day_bounded(layout, day, IN_MEMORY_ROWS_MAX, progress)
+}
+
+/// [`compact_day`], sorting in memory only up to `in_memory_rows_max` rows (tests take the
+/// on-disk bucket path with a small bound).
+pub fn compact_day_bounded(
+    layout: &ArchiveLayout,
+    day: i32,
+    in_memory_rows_max: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CompactReport, ArchiveError> {
     if day >= today() {
         return Err(ArchiveError::OpenDay(crate::encoder::day_text(day)));
     }
@@ -279,7 +302,7 @@ pub fn compact_day(
         .collect();
     let name = format!(
         "{COMPACTED_PREFIX}{:06}{PARQUET_SUFFIX}",
-        next_generation(&dir, COMPACTED_PREFIX)
+        next_generation(&layout.root, &dir, COMPACTED_PREFIX)
     );
     let mut out = AtomicParquet::create(
         &dir,
@@ -292,7 +315,7 @@ pub fn compact_day(
         )],
     )?;
     let builders: Vec<_> = inputs.into_iter().map(|(_, b)| b).collect();
-    if report.rows_in <= IN_MEMORY_ROWS_MAX {
+    if report.rows_in <= in_memory_rows_max {
         let mut batches = Vec::new();
         for b in builders {
             for batch in b.build()? {

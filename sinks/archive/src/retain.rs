@@ -141,7 +141,7 @@ pub fn roll_up_day(
     let batch = RecordBatch::try_new(up_schema.clone(), columns)?;
     let name = format!(
         "{ROLLUP_PREFIX}{:06}{PARQUET_SUFFIX}",
-        next_generation(&rollup_dir, ROLLUP_PREFIX)
+        next_generation(&layout.root, &rollup_dir, ROLLUP_PREFIX)
     );
     let mut out = AtomicParquet::create(
         &rollup_dir,
