@@ -55,6 +55,24 @@ impl Run {
         out
     }
 
+    /// `foldgate subject-access` of the keys in `keys_from` (`-`: `stdin`) into `out`.
+    fn subject_access(&mut self, keys_from: &str, out: &Path, extra: &[&str], stdin: Option<&str>) {
+        let (archive, keyring) = (self.archive(), self.keyring());
+        let mut args = vec![
+            "subject-access",
+            "--archive",
+            s(&archive),
+            "--keyring",
+            s(&keyring),
+            "--keys-from",
+            keys_from,
+            "--out",
+            s(out),
+        ];
+        args.extend(extra);
+        self.ok(&args, stdin);
+    }
+
     fn ok(&mut self, args: &[&str], stdin: Option<&str>) -> String {
         let out = self.foldgate(args, stdin);
         assert!(
@@ -247,22 +265,7 @@ fn erasure_removes_a_subject_under_every_hash_version_and_nothing_else() {
     // Subject access: both versions, raw and roll-up, from a file and from stdin.
     let export = run.dir.path().join("out").join("subject.csv");
     fs::create_dir_all(export.parent().unwrap()).unwrap();
-    run.ok(
-        &[
-            "subject-access",
-            "--archive",
-            s(&archive),
-            "--keyring",
-            s(&keyring),
-            "--keys-from",
-            s(&keys_file),
-            "--out",
-            s(&export),
-            "--format",
-            "csv",
-        ],
-        None,
-    );
+    run.subject_access(s(&keys_file), &export, &["--format", "csv"], None);
     let csv = fs::read_to_string(&export).unwrap();
     assert_eq!(
         csv.lines().filter(|l| l.starts_with("events,")).count(),
@@ -277,20 +280,7 @@ fn erasure_removes_a_subject_under_every_hash_version_and_nothing_else() {
         0o600
     );
     let export_json = run.dir.path().join("out").join("subject.json");
-    run.ok(
-        &[
-            "subject-access",
-            "--archive",
-            s(&archive),
-            "--keyring",
-            s(&keyring),
-            "--keys-from",
-            "-",
-            "--out",
-            s(&export_json),
-        ],
-        Some(&format!("{}\n", raw_keys[0])),
-    );
+    run.subject_access("-", &export_json, &[], Some(&format!("{}\n", raw_keys[0])));
     let json = fs::read_to_string(&export_json).unwrap();
     assert_eq!(json.lines().count(), subject_raw + subject_rollup);
     // `foldgate history --keys-from` with the keyring: every retained version.
@@ -405,20 +395,7 @@ fn erasure_removes_a_subject_under_every_hash_version_and_nothing_else() {
     assert!(subject.iter().all(|id| erased_set.contains(id)));
     assert!(!erased_set.contains(&hashers[0].key_id(raw_keys[1].as_bytes()).text()));
     // After an erasure, subject access finds nothing.
-    run.ok(
-        &[
-            "subject-access",
-            "--archive",
-            s(&archive),
-            "--keyring",
-            s(&keyring),
-            "--keys-from",
-            s(&keys_file),
-            "--out",
-            s(&export_json),
-        ],
-        None,
-    );
+    run.subject_access(s(&keys_file), &export_json, &[], None);
     assert_eq!(fs::read_to_string(&export_json).unwrap().lines().count(), 0);
 
     // A raw-key scan of everything the run wrote or printed, but its own input file.
@@ -501,4 +478,72 @@ fn a_keyring_inside_the_archive_or_readable_by_others_is_refused() {
         .unwrap();
     assert!(!list.status.success());
     assert!(String::from_utf8_lossy(&list.stderr).contains("chmod 600"));
+}
+
+#[test]
+fn a_version_without_events_is_destroyed_and_the_destruction_audited() {
+    let mut run = Run {
+        dir: tempfile::tempdir().unwrap(),
+        printed: Vec::new(),
+    };
+    let (archive, keyring) = (run.archive(), run.keyring());
+    let who = ["--principal", "alice", "--reason", "test"];
+    for _ in 0..2 {
+        let mut args = vec![
+            "hash-key",
+            "add",
+            "--keyring",
+            s(&keyring),
+            "--archive",
+            s(&archive),
+        ];
+        args.extend(who);
+        run.ok(&args, None);
+    }
+    // Events under version 2 only: version 1 may go, version 2 may not.
+    let hashers = ops::keyring::Keyring::load(&keyring)
+        .unwrap()
+        .hashers()
+        .unwrap();
+    let key = hashers[0].key_id(ops::keys::bench_key(5, 0).as_bytes());
+    assert_eq!(key.version, 2);
+    let config = SinkConfig {
+        layout: ArchiveLayout::new(&archive),
+        file_events_max: 16,
+    };
+    write_events(&config, &[event(key, 1, 1, OLD_DAY_MS)], node_file_name).unwrap();
+    for (version, ok) in [("2", false), ("1", true)] {
+        let mut args = vec![
+            "hash-key",
+            "destroy",
+            version,
+            "--keyring",
+            s(&keyring),
+            "--archive",
+            s(&archive),
+        ];
+        args.extend(who);
+        assert_eq!(
+            run.foldgate(&args, None).status.success(),
+            ok,
+            "destroy {version}"
+        );
+    }
+    let list = run.ok(&["hash-key", "list", "--keyring", s(&keyring)], None);
+    assert!(list.lines().nth(1).unwrap().contains("destroyed"), "{list}");
+    let trail = fs::read_to_string(archive.join("audit").join("records.jsonl")).unwrap();
+    assert_eq!(trail.lines().count(), 3);
+    assert!(
+        trail
+            .lines()
+            .last()
+            .unwrap()
+            .contains("\"action\":\"hash-key-destroy\"")
+    );
+    assert_eq!(
+        ops::keyring::Keyring::load(&keyring)
+            .unwrap()
+            .retained_versions(),
+        [2]
+    );
 }
