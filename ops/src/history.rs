@@ -6,7 +6,7 @@
 //! `foldgate-history`, the DataFusion binary built on its own (`cargo build -p
 //! foldgate-history`), which serves the same archive as tables `events` and `rollup`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use foldgate_archive::ArchiveLayout;
 use foldgate_archive::encoder::{self, key_id_text};
 use foldgate_archive::output;
 pub use foldgate_archive::output::Format;
-use foldgate_archive::reader::{DayRange, scan};
+use foldgate_archive::reader::{DayRange, scan, scan_keys};
 use gateway_node::http::auth::KeyHasher;
 
 /// What to show from the archive.
@@ -44,7 +44,15 @@ pub fn query(root: &Path, q: &HistoryQuery) -> Result<(Vec<RecordBatch>, Vec<Str
         last: q.until_ms.map(|ms| encoder::day_of(ms.saturating_sub(1))),
     };
     let schema = encoder::schema();
-    let s = scan(&ArchiveLayout::new(root).events_dir(), days, &schema)?;
+    let table = ArchiveLayout::new(root).events_dir();
+    // A key lookup reads only the row groups whose key-id statistics may hold the keys:
+    // in a compacted, key-sorted day that is one or two of hundreds.
+    let s = if q.key_ids.is_empty() {
+        scan(&table, days, &schema)?
+    } else {
+        let keys: BTreeSet<String> = q.key_ids.iter().cloned().collect();
+        scan_keys(&table, days, &schema, &keys)?
+    };
     let mut kept = Vec::new();
     for b in &s.batches {
         let keep = mask(b, q)?;

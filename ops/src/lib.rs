@@ -11,12 +11,18 @@
 //! * [`keys`]: `foldgate key-id`, `foldgate bench-policy` and `foldgate bench-key`.
 //! * [`demo`]: the README's main job (`foldgate demo`).
 //! * [`history`]: `foldgate history`, throttling history from the limit-event archive.
+//! * [`archive_cmd`]: `foldgate archive compact|retain|synth-day`, the archive's upkeep.
+//! * [`keyring`] and [`privacy`]: the hash-key keyring (`foldgate hash-key`), subject
+//!   access, erasure and the audit trail (`foldgate audit verify`).
 
+pub mod archive_cmd;
 pub mod bench_fleet;
 pub mod bench_http;
 pub mod demo;
 pub mod history;
+pub mod keyring;
 pub mod keys;
+pub mod privacy;
 pub mod sim_cmd;
 pub mod upstream;
 

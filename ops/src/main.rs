@@ -31,6 +31,22 @@ enum Command {
     /// keys with most; --sql runs SQL over tables `events` and `rollup` in
     /// `foldgate-history`.
     History(HistoryArgs),
+    /// The archive's upkeep (E3): compact closed days, roll up days past the retention,
+    /// or write a synthetic day for the benchmark.
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
+    /// The hash-key keyring (P3): add, list or destroy versioned HMAC keys; every add and
+    /// destroy is audited in the archive.
+    #[command(subcommand)]
+    HashKey(HashKeyCommand),
+    /// Export a subject's events (raw and roll-up) under every retained hash version.
+    SubjectAccess(SubjectAccessArgs),
+    /// Erase a subject's rows from every archive file (raw and roll-up), block their
+    /// return from Kafka, and append an audit record (E5).
+    Erase(EraseArgs),
+    /// The archive's audit trail.
+    #[command(subcommand)]
+    Audit(AuditCommand),
     /// A tiny upstream API for local runs: `200 ok` to everything.
     Upstream(UpstreamArgs),
     /// Print a node config `[policy]` table for seeded bench keys (ids only, never keys).
@@ -71,10 +87,13 @@ struct HistoryArgs {
     #[arg(long)]
     sql: Option<String>,
     /// Raw API keys, one a line, from this file or `-` for standard input (never the
-    /// command line): only their events. Hashed under every key of --node-config, or
-    /// under --hash-key-file.
+    /// command line): only their events. Hashed under every retained version of
+    /// --keyring, every key of --node-config, or --hash-key-file.
     #[arg(long)]
     keys_from: Option<std::path::PathBuf>,
+    /// The hash-key keyring (`foldgate hash-key`): every retained version.
+    #[arg(long)]
+    keyring: Option<std::path::PathBuf>,
     /// The node's TOML: its hash key and `other_hash_keys` (every retained version).
     #[arg(long)]
     node_config: Option<std::path::PathBuf>,
@@ -95,6 +114,128 @@ struct HistoryArgs {
     /// table, csv or json (one object a line).
     #[arg(long, default_value = "table")]
     format: ops::history::Format,
+}
+
+#[derive(Subcommand)]
+enum ArchiveCommand {
+    /// Merge each closed day's files (before today UTC) into one file sorted by key id.
+    Compact {
+        #[arg(long)]
+        archive: std::path::PathBuf,
+        /// Only this day (YYYY-MM-DD); default: every closed day not compacted yet.
+        #[arg(long)]
+        day: Option<String>,
+    },
+    /// Roll days older than the retention up into `rollup/` and remove their raw files.
+    Retain {
+        #[arg(long)]
+        archive: std::path::PathBuf,
+        #[arg(long, default_value_t = foldgate_archive::retain::RETENTION_DAYS_DEFAULT)]
+        retention_days: u32,
+    },
+    /// Write a synthetic day of limit events (the benchmark's; 500/s all day = 43.2 M)
+    /// for seeded bench keys hashed under the keyring's newest version.
+    SynthDay {
+        #[arg(long)]
+        archive: std::path::PathBuf,
+        #[arg(long)]
+        keyring: std::path::PathBuf,
+        /// YYYY-MM-DD (a closed day, so it can be compacted).
+        #[arg(long)]
+        day: String,
+        #[arg(long, default_value_t = 43_200_000)]
+        events: u64,
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 1)]
+        key_seed: u64,
+        #[arg(long, default_value_t = 20)]
+        nodes: u32,
+        /// Events per raw file.
+        #[arg(long, default_value_t = 500_000)]
+        file_events: u64,
+    },
+}
+
+/// Who does it and why: every keyring change is audited.
+#[derive(clap::Args)]
+struct Audited {
+    /// The keyring file (TOML, mode 0600, outside the archive).
+    #[arg(long)]
+    keyring: std::path::PathBuf,
+    /// The archive whose audit trail records the change.
+    #[arg(long)]
+    archive: std::path::PathBuf,
+    #[arg(long)]
+    principal: String,
+    #[arg(long)]
+    reason: String,
+}
+
+#[derive(Subcommand)]
+enum HashKeyCommand {
+    /// Add a version: 32 random bytes, or --import the node's current hash key file.
+    Add {
+        #[command(flatten)]
+        who: Audited,
+        /// A hash key file (hex) to bring into the keyring, e.g. the node's hash_key_file.
+        #[arg(long)]
+        import: Option<std::path::PathBuf>,
+    },
+    /// Versions and dates (never key bytes).
+    List {
+        #[arg(long)]
+        keyring: std::path::PathBuf,
+    },
+    /// Destroy a version's secret; refused while the archive holds events under it.
+    Destroy {
+        version: u8,
+        #[command(flatten)]
+        who: Audited,
+        #[arg(long, default_value_t = foldgate_archive::retain::RETENTION_DAYS_DEFAULT)]
+        retention_days: u32,
+    },
+}
+
+#[derive(clap::Args)]
+struct SubjectAccessArgs {
+    #[arg(long)]
+    archive: std::path::PathBuf,
+    #[arg(long)]
+    keyring: std::path::PathBuf,
+    /// Raw API keys, one a line, from this file or `-` for standard input (never argv).
+    #[arg(long)]
+    keys_from: std::path::PathBuf,
+    /// The export (written with mode 0600).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// json (one object a line) or csv.
+    #[arg(long, default_value = "json")]
+    format: ops::history::Format,
+}
+
+#[derive(clap::Args)]
+struct EraseArgs {
+    #[arg(long)]
+    archive: std::path::PathBuf,
+    #[arg(long)]
+    keyring: std::path::PathBuf,
+    /// Raw API keys, one a line, from this file or `-` for standard input (never argv).
+    #[arg(long)]
+    keys_from: std::path::PathBuf,
+    #[arg(long)]
+    principal: String,
+    #[arg(long)]
+    reason: String,
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the whole hash chain; exits non-zero naming the first bad record.
+    Verify {
+        #[arg(long)]
+        archive: std::path::PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -315,6 +456,50 @@ fn main() -> Result<()> {
         Command::Bench(BenchCommand::Http(a)) => ops::bench_http::run(a.into()),
         Command::Demo(a) => ops::demo::run_and_print(a.limit_1s, a.limit_60s, a.json, a.archive),
         Command::History(a) => a.run(),
+        Command::Archive(a) => a.run(),
+        Command::HashKey(a) => a.run(),
+        Command::SubjectAccess(a) => {
+            let e = ops::privacy::subject_access(
+                &a.archive,
+                &a.keyring,
+                &a.keys_from,
+                &a.out,
+                a.format,
+            )?;
+            eprintln!(
+                "{} events and {} roll-up rows for {} key ids (hash versions {:?}) written to {}",
+                e.events,
+                e.rollup_rows,
+                e.key_ids,
+                e.versions,
+                a.out.display()
+            );
+            Ok(())
+        }
+        Command::Erase(a) => {
+            let r = ops::privacy::erase(
+                &a.archive,
+                &a.keyring,
+                &a.keys_from,
+                &a.principal,
+                &a.reason,
+            )?;
+            println!(
+                "erased {} rows; audit record {} ({})",
+                r.body.get("rows_removed").cloned().unwrap_or_default(),
+                r.seq,
+                r.hash
+            );
+            Ok(())
+        }
+        Command::Audit(AuditCommand::Verify { archive }) => {
+            let v = ops::privacy::audit_verify(&archive)?;
+            println!(
+                "audit trail verifies: {} records, head {}",
+                v.records, v.head
+            );
+            Ok(())
+        }
         Command::Upstream(a) => ops::upstream::run(a.listen, a.delay_ms),
         Command::BenchPolicy(a) => {
             let hasher = a.hash_key.hasher()?;
@@ -359,6 +544,11 @@ impl HistoryArgs {
         };
         if let Some(path) = &self.keys_from {
             let hashers = match (&self.node_config, &self.hash_key_file) {
+                _ if self.keyring.is_some() => {
+                    let ring = self.keyring.as_deref().expect("checked");
+                    ops::keyring::check_outside(ring, &self.archive)?;
+                    ops::keyring::retained_hashers(ring)?.0
+                }
                 (Some(config), _) => {
                     let s: gateway_node::http::node::NodeSettings =
                         gateway_node::http::config::load(
@@ -371,7 +561,9 @@ impl HistoryArgs {
                 (None, Some(file)) => {
                     vec![ops::keys::hasher_from_file(file, self.hash_key_version)?]
                 }
-                (None, None) => anyhow::bail!("--keys-from needs --node-config or --hash-key-file"),
+                (None, None) => {
+                    anyhow::bail!("--keys-from needs --keyring, --node-config or --hash-key-file")
+                }
             };
             q.key_ids = if path.as_os_str() == "-" {
                 key_ids_of(std::io::stdin().lock(), &hashers)?
@@ -383,6 +575,85 @@ impl HistoryArgs {
             };
         }
         ops::history::print(&self.archive, &q, self.format)
+    }
+}
+
+impl ArchiveCommand {
+    fn run(self) -> Result<()> {
+        match self {
+            ArchiveCommand::Compact { archive, day } => {
+                ops::archive_cmd::compact(&archive, day.as_deref()).map(drop)
+            }
+            ArchiveCommand::Retain {
+                archive,
+                retention_days,
+            } => ops::archive_cmd::retain(&archive, retention_days).map(drop),
+            ArchiveCommand::SynthDay {
+                archive,
+                keyring,
+                day,
+                events,
+                keys,
+                key_seed,
+                nodes,
+                file_events,
+            } => {
+                let spec = ops::archive_cmd::SynthDay {
+                    day: ops::archive_cmd::parse_day(&day)?,
+                    events,
+                    keys,
+                    key_seed,
+                    nodes,
+                    file_events: file_events.max(1),
+                };
+                let secs = ops::archive_cmd::synth_day(&archive, &keyring, &spec)?;
+                let dir = archive.join("events").join(format!("day={day}"));
+                println!(
+                    "{events} events for {keys} keys written in {secs:.1} s: {} bytes in {}",
+                    ops::archive_cmd::du(&dir),
+                    dir.display()
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+impl HashKeyCommand {
+    fn run(self) -> Result<()> {
+        match self {
+            HashKeyCommand::Add { who, import } => {
+                let v = ops::privacy::hash_key_add(
+                    &who.keyring,
+                    &who.archive,
+                    &who.principal,
+                    &who.reason,
+                    import.as_deref(),
+                )?;
+                println!("added hash key version {v} to {}", who.keyring.display());
+                Ok(())
+            }
+            HashKeyCommand::List { keyring } => {
+                print!("{}", ops::privacy::hash_key_list(&keyring)?);
+                Ok(())
+            }
+            HashKeyCommand::Destroy {
+                version,
+                who,
+                retention_days,
+            } => {
+                ops::privacy::hash_key_destroy(
+                    &who.keyring,
+                    &who.archive,
+                    &who.principal,
+                    &who.reason,
+                    version,
+                    retention_days,
+                )?;
+                println!("destroyed hash key version {version}");
+                Ok(())
+            }
+        }
     }
 }
 

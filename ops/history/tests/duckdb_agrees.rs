@@ -42,16 +42,8 @@ fn events() -> Vec<LimitEvent> {
         .collect()
 }
 
-#[tokio::test]
-async fn duckdb_counts_per_key_and_day_agree_with_foldgate_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = SinkConfig {
-        layout: ArchiveLayout::new(dir.path()),
-        file_events_max: 64,
-    };
-    write_events(&config, &events(), node_file_name).unwrap();
-    let (ours, warnings) = support::counts_per_key_and_day(dir.path()).await;
-    assert!(warnings.is_empty(), "{warnings:?}");
+/// DuckDB's count per key and day over every Parquet file of `root`'s `events/`.
+fn duckdb_counts(root: &std::path::Path) -> Vec<String> {
     let script = format!(
         "import duckdb\n\
          rows = duckdb.sql(\"{}\").fetchall()\n\
@@ -60,7 +52,7 @@ async fn duckdb_counts_per_key_and_day_agree_with_foldgate_history() {
             "FROM events",
             &format!(
                 "FROM read_parquet('{}/events/*/*.parquet', hive_partitioning = false)",
-                dir.path().display()
+                root.display()
             )
         )
     );
@@ -73,11 +65,50 @@ async fn duckdb_counts_per_key_and_day_agree_with_foldgate_history() {
         "DuckDB failed (scripts/test.sh installs it: pip install duckdb): {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let theirs: Vec<String> = String::from_utf8(out.stdout)
+    String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(String::from)
-        .collect();
+        .collect()
+}
+
+fn write(root: &std::path::Path, events: &[LimitEvent]) {
+    let config = SinkConfig {
+        layout: ArchiveLayout::new(root),
+        file_events_max: 64,
+    };
+    write_events(&config, events, node_file_name).unwrap();
+}
+
+#[tokio::test]
+async fn duckdb_counts_per_key_and_day_agree_with_foldgate_history() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &events());
+    let (ours, warnings) = support::counts_per_key_and_day(dir.path()).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let theirs = duckdb_counts(dir.path());
     assert!(ours.len() > 7, "several keys on several days: {ours:?}");
     assert_eq!(ours, theirs);
+}
+
+/// After compaction (one key-sorted file per closed day, small row groups) both readers
+/// still agree, and with the counts before it.
+#[tokio::test]
+async fn duckdb_reads_the_compacted_archive_and_agrees_with_foldgate_history() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &events());
+    let (before, _) = support::counts_per_key_and_day(dir.path()).await;
+    let layout = ArchiveLayout::new(dir.path());
+    let reports = foldgate_archive::compact::compact_closed_days(
+        &layout,
+        foldgate_archive::compact::today(),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    assert_eq!(reports.len(), 3, "three closed days");
+    assert!(reports.iter().all(|r| r.output.is_some()));
+    let (ours, warnings) = support::counts_per_key_and_day(dir.path()).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(ours, before, "compaction keeps every count");
+    assert_eq!(ours, duckdb_counts(dir.path()));
 }

@@ -10,7 +10,8 @@ use crate::encoder::day_text;
 /// * `rollup/day=YYYY-MM-DD/*.parquet` — per key, window, reason and day, once a day's
 ///   raw events pass the retention (E3);
 /// * `quarantine/` — messages the archiver could not decode, with their offsets;
-/// * `audit/` — the append-only audit trail.
+/// * `audit/` — the append-only audit trail;
+/// * `erasure/` — the erased-key set (salted digests of erased key ids) and its salt.
 #[derive(Clone, Debug)]
 pub struct ArchiveLayout {
     pub root: PathBuf,
@@ -31,6 +32,22 @@ impl ArchiveLayout {
 
     pub fn quarantine_dir(&self) -> PathBuf {
         self.root.join("quarantine")
+    }
+
+    /// The append-only, hash-chained audit trail (`audit/records.jsonl`).
+    pub fn audit_dir(&self) -> PathBuf {
+        self.root.join("audit")
+    }
+
+    /// The erased-key set and its salt (`erasure/`), which the archiver loads.
+    pub fn erasure_dir(&self) -> PathBuf {
+        self.root.join("erasure")
+    }
+
+    /// Scratch space of a compaction at work: outside `events/` and `rollup/`, so no
+    /// reader and no other writer ever lists it.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.root.join(".scratch")
     }
 
     /// The partition of day `day` (days since the Unix epoch) under `table`.

@@ -5,12 +5,19 @@
 //! Laid out as every sink is: [`config`] (the layout on disk), [`encoder`] (events as
 //! Arrow columns and back), [`service`] (one crash-safe file write), [`sink`] (events into
 //! day files), plus [`reader`] (scans that skip bad files) and [`output`] (table, CSV and
-//! JSON for the history commands).
+//! JSON for the history commands). Maintenance of the archive: [`compact`] (a closed day
+//! into one key-sorted file), [`retain`] (days past the retention into `rollup/`),
+//! [`erasure`] (a subject's rows out of every file, and the erased-key set) and [`audit`]
+//! (the hash-chained trail of who erased or changed hash keys, and why).
 
+pub mod audit;
+pub mod compact;
 pub mod config;
 pub mod encoder;
+pub mod erasure;
 pub mod output;
 pub mod reader;
+pub mod retain;
 pub mod service;
 pub mod sink;
 
@@ -33,6 +40,10 @@ pub enum ArchiveError {
     Schema(&'static str),
     #[error("nothing to write")]
     Empty,
+    #[error("day {0} is not closed yet (today UTC or later): other writers still add to it")]
+    OpenDay(String),
+    #[error("audit trail {path}: {why}")]
+    Audit { path: PathBuf, why: String },
 }
 
 impl ArchiveError {
