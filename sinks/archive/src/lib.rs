@@ -10,6 +10,7 @@
 pub mod config;
 pub mod encoder;
 pub mod output;
+pub mod ranges;
 pub mod reader;
 pub mod service;
 pub mod sink;
