@@ -1,6 +1,7 @@
 //! Messages that do not decode (issue 27 item 5): a garbage message and one of an unknown
 //! schema version are quarantined with their offsets and counted, and every other event
-//! of their partition is archived; DuckDB, an independent reader, agrees on the count.
+//! of their partition is archived; DuckDB, an independent reader, agrees on the counts,
+//! in all and per day.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use bus_schemas::{DecodeError, Envelope, LimitEvent};
 use common::*;
+use foldgate_archive::encoder::{day_of, day_text};
 use foldgate_harness::kafka::KafkaBroker;
 
 /// A valid event whose schema version (field 1, a one-byte varint after tag 0x08) is
@@ -97,7 +99,8 @@ fn duckdb_reads_the_archive_and_agrees_on_the_count() {
     let kafka = KafkaBroker::start();
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap);
-    const N: u64 = 5_000;
+    // Past 6,000 the events cross midnight, so two day directories are compared.
+    const N: u64 = 8_000;
     produce_events(&bootstrap, N);
     let dir = tempfile::tempdir().unwrap();
     let run = ArchiverRun {
@@ -108,7 +111,15 @@ fn duckdb_reads_the_archive_and_agrees_on_the_count() {
         log: dir.path().join("archiver.log"),
     };
     run.run_to_end(Duration::from_secs(60));
-    assert_eq!(archived_events(dir.path()).len() as u64, N);
+    let events = archived_events(dir.path());
+    assert_eq!(events.len() as u64, N);
     assert_eq!(duckdb_counts(dir.path()), (N, N), "{}", run.log_text());
+    let mut ours = std::collections::BTreeMap::<String, u64>::new();
+    for e in &events {
+        *ours.entry(day_text(day_of(e.at_ms))).or_default() += 1;
+    }
+    let ours: Vec<(String, u64)> = ours.into_iter().collect();
+    assert_eq!(duckdb_counts_per_day(dir.path()), ours);
+    assert_eq!(ours.len(), 2, "{ours:?}");
     drop(kafka);
 }

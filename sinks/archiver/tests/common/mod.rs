@@ -305,3 +305,28 @@ pub fn duckdb_counts(archive: &Path) -> (u64, u64) {
         parts.next().expect("distinct"),
     )
 }
+
+/// Events per UTC day (`YYYY-MM-DD`), as DuckDB counts them in the archive's Parquet.
+pub fn duckdb_counts_per_day(archive: &Path) -> Vec<(String, u64)> {
+    let glob = archive.join("events/*/*.parquet");
+    let script = format!(
+        "import duckdb\nfor d, n in duckdb.sql(\"select strftime(day, '%Y-%m-%d'), count(*) from read_parquet('{}') group by 1 order by 1\").fetchall(): print(d, n)",
+        glob.display()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "duckdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (d, n) = l.split_once(' ').expect("day count");
+            (d.to_string(), n.parse().expect("a count"))
+        })
+        .collect()
+}
