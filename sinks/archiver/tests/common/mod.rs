@@ -287,16 +287,7 @@ pub fn duckdb_counts(archive: &Path) -> (u64, u64) {
         "import duckdb; r = duckdb.sql(\"select count(*), count(distinct event_id) from read_parquet('{}')\").fetchall()[0]; print(r[0], r[1])",
         glob.display()
     );
-    let out = Command::new("python3")
-        .args(["-c", &script])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "duckdb failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = python(&script);
     let mut parts = text
         .split_whitespace()
         .map(|p| p.parse::<u64>().expect("a count"));
@@ -313,8 +304,19 @@ pub fn duckdb_counts_per_day(archive: &Path) -> Vec<(String, u64)> {
         "import duckdb\nfor d, n in duckdb.sql(\"select strftime(day, '%Y-%m-%d'), count(*) from read_parquet('{}') group by 1 order by 1\").fetchall(): print(d, n)",
         glob.display()
     );
+    python(&script)
+        .lines()
+        .map(|l| {
+            let (d, n) = l.split_once(' ').expect("day count");
+            (d.to_string(), n.parse().expect("a count"))
+        })
+        .collect()
+}
+
+/// The standard output of `python3 -c script`; panics with its stderr if it fails.
+fn python(script: &str) -> String {
     let out = Command::new("python3")
-        .args(["-c", &script])
+        .args(["-c", script])
         .output()
         .expect("python3 runs");
     assert!(
@@ -322,11 +324,5 @@ pub fn duckdb_counts_per_day(archive: &Path) -> Vec<(String, u64)> {
         "duckdb failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            let (d, n) = l.split_once(' ').expect("day count");
-            (d.to_string(), n.parse().expect("a count"))
-        })
-        .collect()
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
