@@ -16,6 +16,7 @@ pub mod config;
 pub mod encoder;
 pub mod erasure;
 pub mod output;
+pub mod ranges;
 pub mod reader;
 pub mod retain;
 pub mod service;
