@@ -1,8 +1,9 @@
 //! The one task between the node's event ring and its sink. It wakes every `flush_ms`,
-//! takes what waited (at most the ring's capacity), and hands it to the sink off the
-//! runtime's worker threads; on shutdown it takes the rest and flushes once more. The
-//! 429 path never waits for it: a sink that is slow or down only fills the ring, and a
-//! full ring drops and counts (E2).
+//! takes what waited (at most the ring's capacity), and hands it to the sink: the Kafka
+//! producer (`foldgate-kafka`), or the local archive written off the runtime's worker
+//! threads. On shutdown it takes the rest and flushes once more. The 429 path never
+//! waits for it: a sink that is slow or down only fills the ring, and a full ring drops
+//! and counts (E2).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use bus_schemas::{LimitEvent, NodeEpoch, NodeId};
 use foldgate_archive::sink::{node_file_name, write_events};
 use foldgate_archive::{ArchiveLayout, SinkConfig};
+use foldgate_kafka::{EventSource, KafkaConfig, KafkaSink, KafkaSinkError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -19,10 +21,8 @@ use super::settings::{EventsSettings, SinkChoice};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {
-    #[error(
-        "`events.brokers` is set, but this build has no Kafka producer yet: use `events.archive_dir`"
-    )]
-    NoKafka,
+    #[error("the Kafka sink: {0}")]
+    Kafka(#[from] KafkaSinkError),
     #[error(
         "`events.queue_capacity`, `events.flush_ms` and `events.file_events_max` must be at least 1"
     )]
@@ -43,17 +43,25 @@ pub fn start(
     if settings.queue_capacity == 0 || settings.flush_ms == 0 || settings.file_events_max == 0 {
         return Err(EventsError::Bounds);
     }
+    let flush = Duration::from_millis(settings.flush_ms);
+    let queue = Arc::new(EventQueue::new(node, epoch, settings.queue_capacity));
     let dir = match settings.sink() {
         SinkChoice::None => return Ok(None),
-        SinkChoice::Kafka => return Err(EventsError::NoKafka),
+        SinkChoice::Kafka => {
+            let mut config = KafkaConfig::new(&settings.brokers, &settings.topic);
+            config.properties = settings.kafka.clone();
+            // Built before the node serves: a bad property stops it at start.
+            let sink = KafkaSink::new(&config)?;
+            let batch_max = queue.capacity();
+            let task = tokio::spawn(sink.run(Arc::clone(&queue), flush, batch_max, shutdown));
+            return Ok(Some((queue, task)));
+        }
         SinkChoice::Archive(dir) => dir,
     };
-    let queue = Arc::new(EventQueue::new(node, epoch, settings.queue_capacity));
     let config = SinkConfig {
         layout: ArchiveLayout::new(dir),
         file_events_max: settings.file_events_max,
     };
-    let flush = Duration::from_millis(settings.flush_ms);
     let task = tokio::spawn(run_archive_pump(
         Arc::clone(&queue),
         config,
@@ -61,6 +69,21 @@ pub fn start(
         shutdown,
     ));
     Ok(Some((queue, task)))
+}
+
+/// The Kafka sink takes events from the ring and books their fate on its counters.
+impl EventSource for EventQueue {
+    fn drain_into(&self, out: &mut Vec<LimitEvent>, max: usize) -> usize {
+        EventQueue::drain_into(self, out, max)
+    }
+
+    fn delivered(&self, n: u64) {
+        self.counters.delivered.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn dropped(&self, n: u64) {
+        self.counters.dropped.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// Empties `queue` into the local archive every `flush` until `shutdown`, then once more.

@@ -27,7 +27,10 @@ pub struct EventsSettings {
     /// The local archive closes a file at this many events, or at `flush_ms`.
     pub file_events_max: usize,
     /// librdkafka properties passed to the producer as they are: TLS (`security.protocol`,
-    /// `ssl.ca.location`, ...) and SASL (`sasl.mechanism`, `sasl.username`, ...).
+    /// `ssl.ca.location`, ...) and SASL (`sasl.mechanism`, `sasl.username`, ...), or the
+    /// producer's bounds (`message.timeout.ms`, 15 min by default;
+    /// `queue.buffering.max.messages`, 500,000). The guarantees (idempotence, acks=all,
+    /// zstd) are the sink's own: setting them here stops the node at start.
     pub kafka: BTreeMap<String, String>,
 }
 
