@@ -368,6 +368,12 @@ pub struct KeyAssignment {
     pub plan_id: u32,
     /// Empty: the plan's windows apply. Non-empty: these replace them.
     pub override_windows: Vec<WindowSpec>,
+    /// A hash-key rotation (ADR-7, P3): the same client's id under the previous hash
+    /// key. While it is set, a request for `key` is charged under both ids and admitted
+    /// only if both admit, so what the old id already spent in its open windows still
+    /// counts, and the switch cannot give a key its allowance twice. The operator drops
+    /// it once the longest window has passed since the switch.
+    pub carry_from: Option<KeyId>,
 }
 
 /// P1: the whole policy, switched atomically by `version`.

@@ -132,6 +132,7 @@ fn policy() -> PolicySnapshot {
                 length_ms: 1_000,
                 limit: 80,
             }],
+            carry_from: None,
         }],
     }
 }
@@ -329,6 +330,17 @@ fn every_rejection_reason() {
     bad_policy.keys[0].plan_id = 9;
     assert_eq!(
         PolicySnapshot::decode(&bad_policy.encode())
+            .unwrap_err()
+            .reason(),
+        "invalid"
+    );
+    // A rotation's carry names another id; naming the key itself is refused.
+    let mut carried = policy();
+    carried.keys[0].carry_from = Some(kw(1).key);
+    assert_eq!(PolicySnapshot::decode(&carried.encode()).unwrap(), carried);
+    carried.keys[0].carry_from = Some(carried.keys[0].key);
+    assert_eq!(
+        PolicySnapshot::decode(&carried.encode())
             .unwrap_err()
             .reason(),
         "invalid"

@@ -99,6 +99,7 @@ async fn a_fold_worker_process_joins_over_mtls_grants_and_exposes_its_bus_metric
                 key: candidate_key(d),
                 plan_id: 1,
                 override_windows: Vec::new(),
+                carry_from: None,
             })
             .collect(),
     };

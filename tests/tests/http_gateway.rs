@@ -964,3 +964,145 @@ async fn a_key_named_by_another_live_hash_version_is_found() {
     assert_eq!(status.as_u16(), 401, "version 2 alone does not find it");
     std::fs::remove_file(&v1_file).ok();
 }
+
+/// P3, ADR-7: a hash-key rotation does not give a key its allowance twice. The node knows
+/// hash keys 1 (its own) and 2 (another live one). The key spends its 60 s allowance
+/// under its version-1 id; the policy then switches to its version-2 id, which carries
+/// the old one (`carry_from`): the rest of the old window stays denied. A third version
+/// without the carry admits at once under the fresh id: what the carry closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_key_rotation_does_not_give_a_key_its_allowance_twice() {
+    use bus_schemas::{Envelope, KeyAssignment, OwnerEpoch, ShardId, WindowSpec};
+    use fold_workers::OwnerConfig;
+    use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
+    use foldgate_tests::nats::{NatsServer, connect, system_clock};
+    use gateway_node::http::auth::KeyHasher;
+
+    const NEW_HASH_KEY_HEX: &str =
+        "5a1e6c0d93b2f4a87e1d2c3b4a5968778695a4b3c2d1e0f11e2d3c4b5a697887";
+    const LIMIT_60S: u64 = 6;
+    let server = NatsServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let new_key_file = dir.path().join("hash-key-2.hex");
+    std::fs::write(&new_key_file, NEW_HASH_KEY_HEX).unwrap();
+    let raw = key(0);
+    let old_id = foldgate_tests::http::hasher().key_id(raw.as_bytes());
+    let new_id = KeyHasher::from_hex(2, NEW_HASH_KEY_HEX)
+        .unwrap()
+        .key_id(raw.as_bytes());
+    let windows = [
+        WindowSpec {
+            length_ms: 1_000,
+            limit: 100,
+        },
+        WindowSpec {
+            length_ms: 60_000,
+            limit: LIMIT_60S,
+        },
+    ];
+    let put = |version: u64, key: bus_schemas::KeyId, carry_from: Option<bus_schemas::KeyId>| {
+        let mut snap = foldgate_tests::nats::one_plan_snapshot(version, &windows, [key]);
+        snap.keys = vec![KeyAssignment {
+            carry_from,
+            ..snap.keys[0].clone()
+        }];
+        let url = url.clone();
+        async move {
+            foldgate_tests::nats::policy_bucket(&url)
+                .await
+                .put(gateway_node::bus::POLICY_KEY, snap.encode().into())
+                .await
+                .unwrap();
+        }
+    };
+    put(1, old_id, None).await;
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(run_fold_worker(
+        connect(&url).await,
+        Assignment {
+            shards: vec![0],
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        |s| OwnerConfig {
+            shards: 1,
+            fleet_size: 1,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        system_clock(),
+        Arc::new(FoldWorkerStats::default()),
+        stop.clone(),
+    ));
+    let (up, _up_stop) = start_upstream(0).await;
+    let extra = format!(
+        "nats_url = \"{url}\"\nnode_id = 0\nfleet_size = 1\nshards = 1\nother_hash_keys = [{{ version = 2, file = \"{}\" }}]",
+        new_key_file.display()
+    );
+    let gw = start_gateway(up, &extra, "").await;
+    let c = plain_client();
+    let on_version = |v: u64| {
+        let (c, admin) = (c.clone(), gw.admin_url("/metrics"));
+        async move {
+            let by = Instant::now() + Duration::from_secs(5);
+            loop {
+                let (_, _, m) = get_once(&c, &admin, None).await.unwrap();
+                if m.lines().any(|l| l == format!("foldgate_policy_version {v}")) {
+                    return;
+                }
+                assert!(Instant::now() < by, "the node never took policy {v}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    on_version(1).await;
+    // The whole test inside one 60 s window of the old id: both bounds below are per window.
+    let wall_ms = || foldgate_runtime::wall_since_epoch().as_millis() as u64;
+    let w60 = gateway_node::window::window_at(old_id, 60_000, wall_ms());
+    let left_ms = gateway_node::window::window_end_ms(old_id, w60).saturating_sub(wall_ms());
+    if left_ms < 15_000 {
+        tokio::time::sleep(Duration::from_millis(left_ms + 100)).await;
+    }
+    let w60 = gateway_node::window::window_at(old_id, 60_000, wall_ms());
+    let burst = |n: usize| {
+        let (c, url) = (c.clone(), gw.url("/"));
+        let raw = raw.clone();
+        async move {
+            let mut admitted = 0;
+            for _ in 0..n {
+                match get_once(&c, &url, Some(&raw)).await.unwrap().0.as_u16() {
+                    200 => admitted += 1,
+                    429 => {}
+                    other => panic!("status {other}"),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            admitted
+        }
+    };
+    let before = burst(10).await;
+    assert!(
+        (1..=LIMIT_60S).contains(&before),
+        "old id: {before} admitted of 10 at a 60 s limit of {LIMIT_60S}"
+    );
+    put(2, new_id, Some(old_id)).await;
+    on_version(2).await;
+    let carried = burst(10).await;
+    assert!(
+        before + carried <= LIMIT_60S,
+        "through the switch {before} + {carried} admitted, limit {LIMIT_60S}"
+    );
+    // Without the carry the new id starts afresh: the gap the carry closes.
+    put(3, new_id, None).await;
+    on_version(3).await;
+    let fresh = burst(10).await;
+    assert!(fresh >= 1, "a fresh id admitted nothing");
+    assert_eq!(
+        gateway_node::window::window_at(old_id, 60_000, wall_ms()),
+        w60,
+        "the test ran past the old id's 60 s window"
+    );
+    eprintln!("rotation: {before} before, {carried} carried, {fresh} fresh");
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+}

@@ -776,6 +776,10 @@ impl Envelope for PolicySnapshot {
                     key_id: a.key.to_bytes().to_vec(),
                     plan_id: a.plan_id,
                     override_windows: wire_specs(&a.override_windows),
+                    carry_from_key_id: a
+                        .carry_from
+                        .map(|c| c.to_bytes().to_vec())
+                        .unwrap_or_default(),
                 })
                 .collect(),
         }
@@ -813,10 +817,19 @@ impl Envelope for PolicySnapshot {
             if !ids.contains(&a.plan_id) {
                 return Err(invalid(k, "keys.plan_id", "names no plan in the snapshot"));
             }
+            let carry_from = if a.carry_from_key_id.is_empty() {
+                None
+            } else {
+                Some(key_id(k, &a.carry_from_key_id)?)
+            };
+            if carry_from == Some(key) {
+                return Err(invalid(k, "keys.carry_from_key_id", "names the key itself"));
+            }
             keys.push(KeyAssignment {
                 key,
                 plan_id: a.plan_id,
                 override_windows: window_specs(k, &a.override_windows, true)?,
+                carry_from,
             });
         }
         Ok(Self {

@@ -91,11 +91,13 @@ mod tests {
                     key: key(1),
                     plan_id: 1,
                     override_windows: Vec::new(),
+                    carry_from: None,
                 },
                 KeyAssignment {
                     key: key(2),
                     plan_id: 1,
                     override_windows: vec![w(1_000, 50)],
+                    carry_from: None,
                 },
             ],
         };

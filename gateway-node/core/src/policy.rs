@@ -137,6 +137,8 @@ impl KeyPolicy {
 pub struct PolicyIndex {
     pub version: u64,
     keys: HashMap<KeyId, KeyPolicy>,
+    /// A rotation's carries, new id -> old id (`KeyAssignment::carry_from`).
+    carries: HashMap<KeyId, KeyId>,
 }
 
 impl PolicyIndex {
@@ -146,7 +148,11 @@ impl PolicyIndex {
             plans.insert(plan.id, KeyPolicy::new(&plan.windows, round_ms)?);
         }
         let mut keys = HashMap::with_capacity(snapshot.keys.len());
+        let mut carries = HashMap::new();
         for a in &snapshot.keys {
+            if let Some(old) = a.carry_from {
+                carries.insert(a.key, old);
+            }
             let policy = if a.override_windows.is_empty() {
                 *plans
                     .get(&a.plan_id)
@@ -159,7 +165,13 @@ impl PolicyIndex {
         Ok(Self {
             version: snapshot.version,
             keys,
+            carries,
         })
+    }
+
+    /// The id whose windows still bind `key` in a hash-key rotation, if any.
+    pub fn carry_from(&self, key: &KeyId) -> Option<KeyId> {
+        self.carries.get(key).copied()
     }
 
     pub fn get(&self, key: &KeyId) -> Option<&KeyPolicy> {
@@ -206,11 +218,13 @@ mod tests {
                     key: key_a,
                     plan_id: 1,
                     override_windows: vec![],
+                    carry_from: None,
                 },
                 KeyAssignment {
                     key: key_b,
                     plan_id: 1,
                     override_windows: vec![w(1_000, 50)],
+                    carry_from: None,
                 },
             ],
         };

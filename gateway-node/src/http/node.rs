@@ -96,7 +96,7 @@ impl NodeGateway {
             Ok(raw) => raw,
             Err(e) => return self.unauthorized(e, cid),
         };
-        let Some((key, policy)) = self.resolve(raw) else {
+        let Some((key, policy, carry)) = self.resolve(raw) else {
             return self.unauthorized(AuthError::Unknown, cid);
         };
         // Before the limiter: a request shed for overload must not spend the allowance.
@@ -116,7 +116,7 @@ impl NodeGateway {
         // A fail-open admit is enforcement degraded as much as F5 is: it says so too.
         let mut failed_open = false;
         if self.limiter_enabled {
-            match self.limit(key, &policy, &key_text, cid).await {
+            match self.limit(key, carry, &policy, &key_text, cid).await {
                 Ok(failed) => failed_open = failed,
                 Err(too_many) => return too_many,
             }
@@ -135,17 +135,19 @@ impl NodeGateway {
     }
 
     /// The limiter's verdict on `key`, counted: whether it failed open, or the 429 to
-    /// answer with.
+    /// answer with. `carry`: the key's id under the previous hash key in a rotation
+    /// (`PolicyIndex::carry_from`), decided first and binding too.
     async fn limit(
         &self,
         key: bus_schemas::KeyId,
+        carry: Option<bus_schemas::KeyId>,
         policy: &crate::KeyPolicy,
         key_text: &str,
         cid: &str,
     ) -> Result<bool, Response<Body>> {
         let t = Instant::now();
         let now = (self.clock)();
-        let decision = self.runtime.decide_at(key, policy, now).await;
+        let (key, decision) = self.decide_carried(key, carry, policy, now).await;
         self.metrics.limiter_latency.observe_duration(t.elapsed());
         match decision {
             Decision::Admit => {
@@ -179,7 +181,7 @@ impl NodeGateway {
                 }
                 tracing::info!(
                     correlation_id = cid,
-                    key_id = %key_text,
+                    key_id = %KeyIdText(key),
                     window = %contract::window_name(denial.window.length_ms),
                     window_id = denial.window.number,
                     reason = contract::reason_label(denial.reason),
@@ -198,20 +200,55 @@ impl NodeGateway {
         }
     }
 
+    /// `key` decided, and in a rotation its old id `carry` first: the old id holds what
+    /// the client spent before the switch, so admitting needs both (A1's bound through
+    /// a rotation). The old id's 429 is the answer when it denies, with that id (its
+    /// window is the one that binds); a new id's denial after the old admitted costs the
+    /// old id one unit, a rotation's only under-admission. Returns the id the verdict
+    /// is about.
+    async fn decide_carried(
+        &self,
+        key: bus_schemas::KeyId,
+        carry: Option<bus_schemas::KeyId>,
+        policy: &crate::KeyPolicy,
+        now: bus_schemas::Now,
+    ) -> (bus_schemas::KeyId, Decision) {
+        let Some(old) = carry else {
+            return (key, self.runtime.decide_at(key, policy, now).await);
+        };
+        match self.runtime.decide_at(old, policy, now).await {
+            denied @ Decision::Deny(_) => (old, denied),
+            first => match self.runtime.decide_at(key, policy, now).await {
+                Decision::Admit if first == Decision::FailOpen => (key, Decision::FailOpen),
+                second => (key, second),
+            },
+        }
+    }
+
     /// ADR-7: the key id the policy names for `raw`, under the first live hash key (this
     /// node's own version, then `other_hash_keys` in order) whose id it names, and that
     /// key's policy. A rotation is then: give every node the new key as an other key
     /// (nothing changes: the policy names the old ids); switch the policy from the old
     /// ids to the new, one version, so every node moves to the new ids as it takes it;
     /// make the new key each node's own and drop the old. No key is refused for being
-    /// hashed under a version the policy does not name. A key is counted under two ids
-    /// only while the switch reaches the nodes, and its new id starts its windows afresh:
-    /// in the window of the switch it may be admitted up to twice its allowance.
-    fn resolve(&self, raw: &[u8]) -> Option<(bus_schemas::KeyId, crate::KeyPolicy)> {
+    /// hashed under a version the policy does not name. The switch names each new id's
+    /// old id as its `carry_from`, so a node that has switched charges both
+    /// (`decide_carried`) and one that has not charges the old: the old id's windows see
+    /// every request throughout and bind, and the new id's start afresh without letting
+    /// the key through twice. A later version drops the carries once the longest window
+    /// has passed. Returns the key id, its policy and its carry.
+    fn resolve(
+        &self,
+        raw: &[u8],
+    ) -> Option<(
+        bus_schemas::KeyId,
+        crate::KeyPolicy,
+        Option<bus_schemas::KeyId>,
+    )> {
         let index = self.policy.borrow();
         self.hashers.iter().find_map(|h| {
             let key = h.key_id(raw);
-            index.get(&key).map(|p| (key, *p))
+            index.get(&key).map(|p| (key, *p, index.carry_from(&key)))
         })
     }
 

@@ -153,6 +153,7 @@ pub fn one_plan_snapshot(
                 key,
                 plan_id: 1,
                 override_windows: Vec::new(),
+                carry_from: None,
             })
             .collect(),
     }

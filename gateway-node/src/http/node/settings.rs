@@ -129,6 +129,10 @@ pub struct KeySettings {
     /// Replaces the plan's windows for this key when present.
     #[serde(default)]
     pub windows: Vec<WindowSettings>,
+    /// A hash-key rotation: this client's id under the previous hash key, charged too
+    /// until it is removed (`bus_schemas::KeyAssignment::carry_from`).
+    #[serde(default)]
+    pub carry_from: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,10 +263,15 @@ impl PolicySettings {
             .iter()
             .enumerate()
             .map(|(i, k)| {
+                let carry_from = match &k.carry_from {
+                    Some(text) => Some(parse_key_id(text).ok_or(SettingsError::KeyId(i))?),
+                    None => None,
+                };
                 Ok(KeyAssignment {
                     key: parse_key_id(&k.key_id).ok_or(SettingsError::KeyId(i))?,
                     plan_id: k.plan,
                     override_windows: windows(&k.windows),
+                    carry_from,
                 })
             })
             .collect::<Result<Vec<_>, SettingsError>>()?;
