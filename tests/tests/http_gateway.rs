@@ -1047,7 +1047,9 @@ async fn a_hash_key_rotation_does_not_give_a_key_its_allowance_twice() {
             let by = Instant::now() + Duration::from_secs(5);
             loop {
                 let (_, _, m) = get_once(&c, &admin, None).await.unwrap();
-                if m.lines().any(|l| l == format!("foldgate_policy_version {v}")) {
+                if m.lines()
+                    .any(|l| l == format!("foldgate_policy_version {v}"))
+                {
                     return;
                 }
                 assert!(Instant::now() < by, "the node never took policy {v}");
