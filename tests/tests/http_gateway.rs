@@ -368,31 +368,13 @@ async fn http2_with_many_streams_on_one_connection() {
 /// owner's fair split; the fleet admits no more than the limit per window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_over_its_limit_on_one_node_and_under_on_another() {
-    use bus_schemas::{OwnerEpoch, ShardId};
-    use fold_workers::OwnerConfig;
-    use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
-    use foldgate_tests::nats::{NatsServer, connect, system_clock};
+    use foldgate_tests::nats::NatsServer;
 
     let server = NatsServer::start();
     let url = server.url();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     put_policy(&url, 1, 200).await;
-    let worker = tokio::spawn(run_fold_worker(
-        connect(&url).await,
-        Assignment {
-            shards: vec![0],
-            epoch: OwnerEpoch(1),
-            takeover: false,
-        },
-        |s| OwnerConfig {
-            shards: 1,
-            fleet_size: 2,
-            ..OwnerConfig::reference(ShardId(s))
-        },
-        system_clock(),
-        Arc::new(FoldWorkerStats::default()),
-        stop.clone(),
-    ));
+    let worker = spawn_fold_worker(&url, 2, stop.clone()).await;
     let (up, _up_stop) = start_upstream(0).await;
     let node =
         |id: u32| format!("nats_url = \"{url}\"\nnode_id = {id}\nfleet_size = 2\nshards = 1");
@@ -972,10 +954,8 @@ async fn a_key_named_by_another_live_hash_version_is_found() {
 /// without the carry admits at once under the fresh id: what the carry closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hash_key_rotation_does_not_give_a_key_its_allowance_twice() {
-    use bus_schemas::{Envelope, KeyAssignment, OwnerEpoch, ShardId, WindowSpec};
-    use fold_workers::OwnerConfig;
-    use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
-    use foldgate_tests::nats::{NatsServer, connect, system_clock};
+    use bus_schemas::{Envelope, KeyAssignment, WindowSpec};
+    use foldgate_tests::nats::NatsServer;
     use gateway_node::http::auth::KeyHasher;
 
     const NEW_HASH_KEY_HEX: &str =
@@ -1018,22 +998,7 @@ async fn a_hash_key_rotation_does_not_give_a_key_its_allowance_twice() {
     };
     put(1, old_id, None).await;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let worker = tokio::spawn(run_fold_worker(
-        connect(&url).await,
-        Assignment {
-            shards: vec![0],
-            epoch: OwnerEpoch(1),
-            takeover: false,
-        },
-        |s| OwnerConfig {
-            shards: 1,
-            fleet_size: 1,
-            ..OwnerConfig::reference(ShardId(s))
-        },
-        system_clock(),
-        Arc::new(FoldWorkerStats::default()),
-        stop.clone(),
-    ));
+    let worker = spawn_fold_worker(&url, 1, stop.clone()).await;
     let (up, _up_stop) = start_upstream(0).await;
     let extra = format!(
         "nats_url = \"{url}\"\nnode_id = 0\nfleet_size = 1\nshards = 1\nother_hash_keys = [{{ version = 2, file = \"{}\" }}]",
@@ -1107,4 +1072,31 @@ async fn a_hash_key_rotation_does_not_give_a_key_its_allowance_twice() {
     eprintln!("rotation: {before} before, {carried} carried, {fresh} fresh");
     stop_tx.send(true).unwrap();
     worker.await.unwrap().unwrap();
+}
+
+/// The one fold worker of a one-shard fleet of `fleet_size` nodes on `url`, owning shard 0.
+async fn spawn_fold_worker(
+    url: &str,
+    fleet_size: u32,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), fold_workers::service::FoldWorkerError>> {
+    use bus_schemas::{OwnerEpoch, ShardId};
+    use fold_workers::OwnerConfig;
+    use fold_workers::service::{Assignment, FoldWorkerStats, run_fold_worker};
+    tokio::spawn(run_fold_worker(
+        foldgate_tests::nats::connect(url).await,
+        Assignment {
+            shards: vec![0],
+            epoch: OwnerEpoch(1),
+            takeover: false,
+        },
+        move |s| OwnerConfig {
+            shards: 1,
+            fleet_size,
+            ..OwnerConfig::reference(ShardId(s))
+        },
+        foldgate_tests::nats::system_clock(),
+        Arc::new(FoldWorkerStats::default()),
+        stop,
+    ))
 }
